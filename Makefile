@@ -1,0 +1,62 @@
+# ECX: the two commands are `make demo` and `make test`; both install what is missing
+# (Debian packages, via scripts/bootstrap), build, and run.
+PYTHON ?= /usr/bin/python3
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 60
+
+.PHONY: all bootstrap configure build test demo lint format asan tsan nocuda bench fuzz install clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap
+
+configure: bootstrap
+	@cmake --preset default -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_ARGS) >/dev/null
+
+build: configure
+	@cmake --build --preset default -j $(JOBS)
+
+test: build
+	ctest --preset default -j $(JOBS)
+	PYTHONPATH=$(CURDIR)/build/python ECX_BUILD_DIR=$(CURDIR)/build $(PYTHON) -m pytest -q -p no:cacheprovider tests/python $(PYTEST_ARGS)
+
+demo: build
+	@if build/bin/ecx demo --help >/dev/null 2>&1; then build/bin/ecx demo; \
+	else echo "make demo: 'ecx demo' is not built yet (it arrives with the demo issue); nothing was run." >&2; exit 1; fi
+
+lint: configure
+	@scripts/lint
+
+format:
+	@git ls-files '*.cc' '*.h' | xargs clang-format -i
+
+asan: bootstrap
+	cmake --preset asan -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_ARGS)
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
+
+tsan: bootstrap
+	cmake --preset tsan -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_ARGS)
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan -j $(JOBS) -LE notsan
+
+nocuda: bootstrap
+	cmake --preset nocuda -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_ARGS)
+	cmake --build --preset nocuda -j $(JOBS)
+
+bench: build
+	@scripts/run-benchmarks build
+
+fuzz: bootstrap
+	cmake --preset fuzz $(CMAKE_ARGS)
+	cmake --build --preset fuzz -j $(JOBS)
+	@scripts/run-fuzzers build-fuzz $(FUZZ_SECONDS)
+
+install: build
+	cmake --install build $(if $(PREFIX),--prefix $(PREFIX),)
+
+clean:
+	rm -rf build build-asan build-tsan build-nocuda build-fuzz

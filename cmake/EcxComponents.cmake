@@ -1,0 +1,51 @@
+# ecx_component(NAME SOURCES ... [DEPENDS components...] [LIBS external...])
+# Declares the static library ecx_<NAME> for src/<NAME>. DEPENDS may only name
+# components below NAME in ECX_COMPONENT_ORDER, so dependencies always point down.
+set_property(GLOBAL PROPERTY ECX_COMPONENT_TARGETS "")
+
+function(ecx_component name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPENDS;LIBS" ${ARGN})
+  list(FIND ECX_COMPONENT_ORDER ${name} my_index)
+  if(name STREQUAL "proxy")
+    set(my_index 1) # only core below it
+  elseif(my_index EQUAL -1)
+    message(FATAL_ERROR "ecx_component(${name}): not listed in ECX_COMPONENT_ORDER")
+  endif()
+  set(deps "")
+  foreach(dep IN LISTS ARG_DEPENDS)
+    list(FIND ECX_COMPONENT_ORDER ${dep} dep_index)
+    if(dep_index EQUAL -1 OR NOT dep_index LESS my_index)
+      message(FATAL_ERROR "ecx_component(${name}) may not depend on '${dep}': dependencies point down (${ECX_COMPONENT_ORDER})")
+    endif()
+    list(APPEND deps ecx_${dep})
+  endforeach()
+  add_library(ecx_${name} STATIC ${ARG_SOURCES})
+  target_include_directories(ecx_${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include> $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/src>)
+  target_link_libraries(ecx_${name} PUBLIC ${deps} ${ARG_LIBS} PRIVATE ecx_warnings)
+  if(ECX_HAVE_CUDA)
+    target_compile_definitions(ecx_${name} PUBLIC ECX_HAVE_CUDA=1)
+  endif()
+  if(NOT name STREQUAL "proxy")
+    set_property(GLOBAL APPEND PROPERTY ECX_COMPONENT_TARGETS ecx_${name})
+    set_property(GLOBAL APPEND PROPERTY ECX_EXTERNAL_LIBS ${ARG_LIBS})
+  endif()
+endfunction()
+
+# libecx.so: every engine component in one shared library (the proxy ships in the CLI).
+function(ecx_add_shared_library)
+  get_property(components GLOBAL PROPERTY ECX_COMPONENT_TARGETS)
+  get_property(external GLOBAL PROPERTY ECX_EXTERNAL_LIBS)
+  list(REMOVE_DUPLICATES external)
+  add_library(ecx SHARED ${CMAKE_SOURCE_DIR}/src/libecx.cc)
+  # The component archives go in whole and privately, so users of libecx get each
+  # symbol once (from the .so); they still see the headers and external libraries.
+  target_link_libraries(ecx PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,${components}>" ecx_warnings PUBLIC ${external})
+  target_include_directories(ecx PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include> $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/src>
+    $<INSTALL_INTERFACE:include>)
+  if(ECX_HAVE_CUDA)
+    target_compile_definitions(ecx PUBLIC ECX_HAVE_CUDA=1)
+  endif()
+  set_target_properties(ecx PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
+endfunction()
