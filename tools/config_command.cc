@@ -39,6 +39,7 @@ int run_config_keys() {
 
 }  // namespace
 
+namespace {
 void add_config_command(CLI::App& app, Runner& run) {
   auto* config = app.add_subcommand("config", "Inspect ECX configuration files");
   config->require_subcommand(1);
@@ -55,5 +56,9 @@ void add_config_command(CLI::App& app, Runner& run) {
   auto* keys = config->add_subcommand("keys", "Print every configuration key as Markdown tables (type, default, meaning)");
   keys->callback([&run] { run = run_config_keys; });
 }
+
+}  // namespace
+
+ECX_REGISTER_COMMAND(add_config_command);
 
 }  // namespace ecx::cli

@@ -1,16 +1,35 @@
 // The `ecx` command line: one binary, one subcommand per job.
 #include <exception>
 #include <iostream>
+#include <vector>
 
 #include "commands.h"
 #include "ecx/core/version.h"
+
+namespace ecx::cli {
+namespace {
+std::vector<CommandAdder>& adders() {
+  static std::vector<CommandAdder> list;
+  return list;
+}
+}  // namespace
+
+bool register_command(CommandAdder adder) {
+  adders().push_back(adder);
+  return true;
+}
+
+void add_registered_commands(CLI::App& app, Runner& run) {
+  for (auto adder : adders()) adder(app, run);
+}
+}  // namespace ecx::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"ECX: encoder-cache exchange for disaggregated multimodal serving"};
   app.set_version_flag("--version", std::string(ecx::kVersion));
   app.require_subcommand(1);
   ecx::cli::Runner run;
-  ecx::cli::add_config_command(app, run);
+  ecx::cli::add_registered_commands(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
