@@ -22,5 +22,6 @@ void add_registered_commands(CLI::App& app, Runner& run);
 
 #define ECX_CLI_CONCAT_INNER(a, b) a##b
 #define ECX_CLI_CONCAT(a, b) ECX_CLI_CONCAT_INNER(a, b)
-#define ECX_REGISTER_COMMAND(adder) \
-  [[maybe_unused]] static const bool ECX_CLI_CONCAT(ecx_registered_command_, __LINE__) = ::ecx::cli::register_command(adder)
+#define ECX_REGISTER_COMMAND(adder)                                                      \
+  [[maybe_unused]] static const bool ECX_CLI_CONCAT(ecx_registered_command_, __LINE__) = \
+      ::ecx::cli::register_command(adder)

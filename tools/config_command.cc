@@ -32,7 +32,8 @@ int run_config_keys() {
       std::cout << "\n## " << (section.empty() ? std::string_view("Top-level keys (vLLM's ECTransferConfig)") : section)
                 << "\n\n| key | type | default | meaning |\n|---|---|---|---|\n";
     }
-    std::cout << "| `" << key.name << "` | " << key.type << " | `" << key.default_text << "` | " << key.meaning << " |\n";
+    std::cout << "| `" << key.name << "` | " << key.type << " | `" << key.default_text << "` | " << key.meaning
+              << " |\n";
   }
   return 0;
 }
@@ -43,7 +44,8 @@ namespace {
 void add_config_command(CLI::App& app, Runner& run) {
   auto* config = app.add_subcommand("config", "Inspect ECX configuration files");
   config->require_subcommand(1);
-  auto* check = config->add_subcommand("check", "Validate a vLLM --ec-transfer-config JSON file and print the resolved configuration");
+  auto* check = config->add_subcommand(
+      "check", "Validate a vLLM --ec-transfer-config JSON file and print the resolved configuration");
   auto options = std::make_shared<ConfigCheckOptions>();
   check->add_option("FILE", options->file, "JSON file holding the --ec-transfer-config value")->required();
   check->add_option("--tp-size", options->layout.tp_size, "tensor-parallel size of the engine")->capture_default_str();
@@ -51,9 +53,11 @@ void add_config_command(CLI::App& app, Runner& run) {
   check->add_option("--pp-size", options->layout.pp_size, "pipeline-parallel size")->capture_default_str();
   check->add_option("--pp-rank", options->layout.pp_rank, "pipeline-parallel rank")->capture_default_str();
   check->add_option("--dp-size", options->layout.dp_size, "data-parallel size")->capture_default_str();
-  check->add_option("--dp-index", options->layout.dp_index, "data-parallel index of this replica")->capture_default_str();
+  check->add_option("--dp-index", options->layout.dp_index, "data-parallel index of this replica")
+      ->capture_default_str();
   check->callback([&run, options] { run = [options] { return run_config_check(*options); }; });
-  auto* keys = config->add_subcommand("keys", "Print every configuration key as Markdown tables (type, default, meaning)");
+  auto* keys =
+      config->add_subcommand("keys", "Print every configuration key as Markdown tables (type, default, meaning)");
   keys->callback([&run] { run = run_config_keys; });
 }
 

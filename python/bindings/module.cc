@@ -52,6 +52,7 @@ PYBIND11_MODULE(_core, m) {
       "Validate an --ec-transfer-config JSON string; returns the resolved settings or raises ValueError.");
 
   m.def(
-      "dtype_item_size", [](const std::string& name) { return ecx::dtype_item_size(value_or_raise(ecx::parse_dtype(name))); },
+      "dtype_item_size",
+      [](const std::string& name) { return ecx::dtype_item_size(value_or_raise(ecx::parse_dtype(name))); },
       py::arg("name"), "Bytes per element of a torch dtype name; ValueError for unknown names.");
 }

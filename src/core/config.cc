@@ -33,7 +33,8 @@ std::string type_of(const json& v) {
 }
 
 Status wrong_type(std::string_view key, std::string_view expected, const json& v) {
-  return invalid_argument(fmt::format("{}: expected {}, got {} ({})", key, expected, type_of(v), v.dump().substr(0, 64)));
+  return invalid_argument(
+      fmt::format("{}: expected {}, got {} ({})", key, expected, type_of(v), v.dump().substr(0, 64)));
 }
 
 // ---- value parsers: each returns the value or an error naming the key.
@@ -73,7 +74,8 @@ Result<std::int64_t> parse_integer(const json& v, std::string_view key, std::int
     } catch (const std::exception&) {
       used = 0;
     }
-    if (s.empty() || used != s.size()) return invalid_argument(fmt::format("{}: expected an integer, got \"{}\"", key, s.substr(0, 64)));
+    if (s.empty() || used != s.size())
+      return invalid_argument(fmt::format("{}: expected an integer, got \"{}\"", key, s.substr(0, 64)));
   } else {
     return wrong_type(key, "an integer", v);
   }
@@ -95,10 +97,11 @@ Result<std::uint64_t> parse_bytes(const json& v, std::string_view key, std::uint
     std::string unit = s.substr(used);
     unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
     static constexpr std::pair<std::string_view, double> kUnits[] = {
-        {"", 1},        {"B", 1},       {"KB", 1e3},           {"MB", 1e6},           {"GB", 1e9},
-        {"TB", 1e12},   {"KiB", 1024.0}, {"MiB", 1048576.0},   {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+        {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+        {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
     };
-    const auto* found = std::find_if(std::begin(kUnits), std::end(kUnits), [&](const auto& u) { return u.first == unit; });
+    const auto* found =
+        std::find_if(std::begin(kUnits), std::end(kUnits), [&](const auto& u) { return u.first == unit; });
     if (used == 0 || found == std::end(kUnits)) {
       return invalid_argument(fmt::format(
           "{}: expected a byte size such as 1000000000, 1e9, \"512MiB\" or \"4GB\", got \"{}\"", key, s.substr(0, 64)));
@@ -120,7 +123,8 @@ Result<double> parse_seconds(const json& v, std::string_view key) {
   if (!v.is_number() || v.is_boolean()) return wrong_type(key, "a positive number of seconds", v);
   const double d = v.get<double>();
   if (!std::isfinite(d) || d <= 0 || d > kMaxSeconds) {
-    return invalid_argument(fmt::format("{}: must be a finite number of seconds in (0, {}], got {}", key, kMaxSeconds, d));
+    return invalid_argument(
+        fmt::format("{}: must be a finite number of seconds in (0, {}], got {}", key, kMaxSeconds, d));
   }
   return d;
 }
@@ -218,7 +222,9 @@ Status apply_buffer_device(const json& v, Config& c, std::string_view key) {
   if (!ok && lower.starts_with("cuda:") && lower.size() > 5 && lower.size() <= 8) {
     ok = std::all_of(lower.begin() + 5, lower.end(), [](unsigned char ch) { return std::isdigit(ch); });
   }
-  if (!ok) return invalid_argument(fmt::format("{}: \"{}\" is not accepted; accepted values: cpu, cuda, cuda:<index>", key, s->substr(0, 64)));
+  if (!ok)
+    return invalid_argument(
+        fmt::format("{}: \"{}\" is not accepted; accepted values: cpu, cuda, cuda:<index>", key, s->substr(0, 64)));
   c.buffer_device = lower;
   return Status::ok();
 }
@@ -234,50 +240,115 @@ Status apply_alignment(const json& v, Config& c, std::string_view key) {
 const std::vector<KeySpec>& key_table() {
   static const std::vector<KeySpec> table = [] {
     std::vector<KeySpec> t;
-    auto top = [&t](std::string_view name, std::string_view type, std::string_view def, std::string_view meaning, Apply apply) {
+    auto top = [&t](std::string_view name, std::string_view type, std::string_view def, std::string_view meaning,
+                    Apply apply) {
       t.push_back({{"", name, type, def, meaning}, std::move(apply)});
     };
-    auto extra = [&t](std::string_view name, std::string_view type, std::string_view def, std::string_view meaning, Apply apply) {
+    auto extra = [&t](std::string_view name, std::string_view type, std::string_view def, std::string_view meaning,
+                      Apply apply) {
       t.push_back({{kExtra, name, type, def, meaning}, std::move(apply)});
     };
-    top("ec_role", "enum", "(required)", "ec_producer (encoder instance), ec_consumer (prefill or PD instance) or ec_both.", apply_role);
-    top("ec_ip", "string", "127.0.0.1", "Address the consumer's control and event sockets bind to and advertise (IPv4 or IPv6). Never a wildcard in production: the channel accepts reservations and cancels.", set_string(&Config::ec_ip));
-    top("ec_port", "integer", "14579", "Base control port. TP rank r of DP replica d listens on ec_port + d * tp_size + r; the whole range must fit 1..65535.", set_integer(&Config::ec_port, 1, 65535));
-    top("ec_buffer_size", "bytes", "1000000000", "Size of each side's registered pool (consumer receive pool, producer staging pool) and the scheduler's resident capacity. Integer, 1e9, or \"4GiB\".", set_bytes(&Config::buffer_size, 4096, kMaxBytes));
-    top("ec_buffer_device", "enum", "cpu", "Where the pools live: cpu (host memory; pinned when built with CUDA), cuda or cuda:<index>.", apply_buffer_device);
+    top("ec_role", "enum", "(required)",
+        "ec_producer (encoder instance), ec_consumer (prefill or PD instance) or ec_both.", apply_role);
+    top("ec_ip", "string", "127.0.0.1",
+        "Address the consumer's control and event sockets bind to and advertise (IPv4 or IPv6). Never a wildcard in "
+        "production: the channel accepts reservations and cancels.",
+        set_string(&Config::ec_ip));
+    top("ec_port", "integer", "14579",
+        "Base control port. TP rank r of DP replica d listens on ec_port + d * tp_size + r; the whole range must fit "
+        "1..65535.",
+        set_integer(&Config::ec_port, 1, 65535));
+    top("ec_buffer_size", "bytes", "1000000000",
+        "Size of each side's registered pool (consumer receive pool, producer staging pool) and the scheduler's "
+        "resident capacity. Integer, 1e9, or \"4GiB\".",
+        set_bytes(&Config::buffer_size, 4096, kMaxBytes));
+    top("ec_buffer_device", "enum", "cpu",
+        "Where the pools live: cpu (host memory; pinned when built with CUDA), cuda or cuda:<index>.",
+        apply_buffer_device);
     top("engine_id", "string", "\"\"", "vLLM's engine id; used only in logs.", set_string(&Config::engine_id));
-    top("ec_connector", "string", "(ignored)", "vLLM's connector class name (ECXConnector); accepted and ignored by ECX.", nullptr);
-    top("ec_connector_module_path", "string", "(ignored)", "vLLM's module path for the connector (ecx.vllm); accepted and ignored by ECX.", nullptr);
+    top("ec_connector", "string", "(ignored)",
+        "vLLM's connector class name (ECXConnector); accepted and ignored by ECX.", nullptr);
+    top("ec_connector_module_path", "string", "(ignored)",
+        "vLLM's module path for the connector (ecx.vllm); accepted and ignored by ECX.", nullptr);
     top("ec_rank", "integer", "(ignored)", "Carried over from vLLM's KV design; accepted and ignored.", nullptr);
-    top("ec_parallel_size", "integer", "(ignored)", "Carried over from vLLM's KV design; accepted and ignored.", nullptr);
+    top("ec_parallel_size", "integer", "(ignored)", "Carried over from vLLM's KV design; accepted and ignored.",
+        nullptr);
     top("ec_connector_extra_config", "object", "{}", "ECX's own settings: the keys below.", nullptr);
 
-    extra("control_timeout_s", "seconds", "30", "Deadline of every control request (reserve, cancel, discovery) and of the consumer's shutdown drain unless shutdown_drain_timeout_s is set.", set_seconds(&Config::control_timeout_s));
-    extra("push_wait_timeout_s", "seconds", "60", "How long a consumer request waits for its pushes (also the LOADING deadline) and how long a producer keeps retrying a push.", set_seconds(&Config::push_wait_timeout_s));
-    extra("reservation_ttl_s", "seconds", "300", "Lease of an unfinished reservation and of an AVAILABLE record; also the tombstone TTL. Scheduler and workers must agree.", set_seconds(&Config::reservation_ttl_s));
-    extra("shutdown_drain_timeout_s", "seconds", "30", "How long a consumer's shutdown waits for in-flight writers before giving up (the pool then stays registered).", set_seconds(&Config::shutdown_drain_timeout_s));
-    extra("tombstone_max", "integer", "65536", "Maximum terminal records kept to make late events idempotent (scheduler and reservation manager).", set_integer(&Config::tombstone_max, 1, 16'777'216));
-    extra("event_queue_max", "integer", "4096", "Bound of each shard's outgoing event queue; when full the oldest event is dropped and counted.", set_integer(&Config::event_queue_max, 1, 1'048'576));
-    extra("max_frame_bytes", "bytes", "1048576", "Largest control frame accepted; larger frames are rejected unread.", set_bytes(&Config::max_frame_bytes, 4096, 64ULL << 20));
-    extra("retry_after_ms", "integer", "5", "Delay a consumer asks producers to wait when its pool is full (back-pressure).", set_integer(&Config::retry_after_ms, 1, 60'000));
-    extra("transport", "enum", "ucx", "Data plane: ucx or mooncake.", set_enum(&Config::transport, {"ucx", "mooncake"}));
-    extra("ucx_mode", "enum", "am", "UCX protocol: am (active messages, receiver-chosen landing) or put (one-sided put + flush; meant for RC verbs).", set_enum(&Config::ucx_mode, {"am", "put"}));
-    extra("mooncake_protocol", "enum", "tcp", "Mooncake protocol when transport is mooncake: tcp or rdma.", set_enum(&Config::mooncake_protocol, {"tcp", "rdma"}));
-    extra("mooncake_lib", "string", "\"\"", "Path of libtransfer_engine.so; empty means ECX_MOONCAKE_LIB, then the loader's search path.", set_string(&Config::mooncake_lib));
-    extra("data_ip", "string", "\"\"", "Address the data plane listens on and advertises; empty means ec_ip.", set_string(&Config::data_ip));
-    extra("event_port", "integer", "0", "Base port of the shards' event sockets (shard r uses event_port + r); 0 picks ephemeral ports.", set_integer(&Config::event_port, 0, 65535));
-    extra("checksum", "boolean", "false", "Verify an xxHash64 checksum of every payload on landing; a mismatch fails the transfer.", set_bool(&Config::checksum));
-    extra("auth_secret", "string", "\"\"", "Shared secret authenticating control requests and events (HMAC); empty turns authentication off. Prefer auth_secret_file.", set_string(&Config::auth_secret));
-    extra("auth_secret_file", "string", "\"\"", "File whose first line is the shared secret; exclusive with auth_secret.", set_string(&Config::auth_secret_file));
-    extra("metrics_port", "integer", "0", "Serve Prometheus metrics over HTTP on this port (on ec_ip); 0 disables.", set_integer(&Config::metrics_port, 0, 65535));
-    extra("pool_alignment", "bytes", "256", "Alignment of every slot carved from a pool; a power of two from 8 to 2 MiB.", apply_alignment);
-    extra("max_tensor_bytes", "bytes", "0", "Largest single embedding accepted; 0 means ec_buffer_size.", set_bytes(&Config::max_tensor_bytes, 0, kMaxBytes));
-    extra("resident_capacity_bytes", "bytes", "0", "Bytes of landed embeddings kept for reuse by content (resident LRU); 0 means ec_buffer_size.", set_bytes(&Config::resident_capacity_bytes, 0, kMaxBytes));
-    extra("encoder_output_width", "integer", "0", "Hidden width of encoder outputs, needed by producers before an encode finishes; 0 takes it from the model config.", set_integer(&Config::encoder_output_width, 0, 1 << 24));
-    extra("cross_encoder_cache", "boolean", "false", "Producer: also offer items found in the engine's own encoder cache for storing (store candidates).", set_bool(&Config::cross_encoder_cache));
-    extra("log_level", "enum", "info", "Log level of ECX's loggers (ECX_LOG_LEVEL overrides): trace, debug, info, warn, error, critical, off.",
+    extra("control_timeout_s", "seconds", "30",
+          "Deadline of every control request (reserve, cancel, discovery) and of the consumer's shutdown drain unless "
+          "shutdown_drain_timeout_s is set.",
+          set_seconds(&Config::control_timeout_s));
+    extra("push_wait_timeout_s", "seconds", "60",
+          "How long a consumer request waits for its pushes (also the LOADING deadline) and how long a producer keeps "
+          "retrying a push.",
+          set_seconds(&Config::push_wait_timeout_s));
+    extra("reservation_ttl_s", "seconds", "300",
+          "Lease of an unfinished reservation and of an AVAILABLE record; also the tombstone TTL. Scheduler and "
+          "workers must agree.",
+          set_seconds(&Config::reservation_ttl_s));
+    extra(
+        "shutdown_drain_timeout_s", "seconds", "30",
+        "How long a consumer's shutdown waits for in-flight writers before giving up (the pool then stays registered).",
+        set_seconds(&Config::shutdown_drain_timeout_s));
+    extra("tombstone_max", "integer", "65536",
+          "Maximum terminal records kept to make late events idempotent (scheduler and reservation manager).",
+          set_integer(&Config::tombstone_max, 1, 16'777'216));
+    extra("event_queue_max", "integer", "4096",
+          "Bound of each shard's outgoing event queue; when full the oldest event is dropped and counted.",
+          set_integer(&Config::event_queue_max, 1, 1'048'576));
+    extra("max_frame_bytes", "bytes", "1048576", "Largest control frame accepted; larger frames are rejected unread.",
+          set_bytes(&Config::max_frame_bytes, 4096, 64ULL << 20));
+    extra("retry_after_ms", "integer", "5",
+          "Delay a consumer asks producers to wait when its pool is full (back-pressure).",
+          set_integer(&Config::retry_after_ms, 1, 60'000));
+    extra("transport", "enum", "ucx", "Data plane: ucx or mooncake.",
+          set_enum(&Config::transport, {"ucx", "mooncake"}));
+    extra("ucx_mode", "enum", "am",
+          "UCX protocol: am (active messages, receiver-chosen landing) or put (one-sided put + flush; meant for RC "
+          "verbs).",
+          set_enum(&Config::ucx_mode, {"am", "put"}));
+    extra("mooncake_protocol", "enum", "tcp", "Mooncake protocol when transport is mooncake: tcp or rdma.",
+          set_enum(&Config::mooncake_protocol, {"tcp", "rdma"}));
+    extra("mooncake_lib", "string", "\"\"",
+          "Path of libtransfer_engine.so; empty means ECX_MOONCAKE_LIB, then the loader's search path.",
+          set_string(&Config::mooncake_lib));
+    extra("data_ip", "string", "\"\"", "Address the data plane listens on and advertises; empty means ec_ip.",
+          set_string(&Config::data_ip));
+    extra("event_port", "integer", "0",
+          "Base port of the shards' event sockets (shard r uses event_port + r); 0 picks ephemeral ports.",
+          set_integer(&Config::event_port, 0, 65535));
+    extra("checksum", "boolean", "false",
+          "Verify an xxHash64 checksum of every payload on landing; a mismatch fails the transfer.",
+          set_bool(&Config::checksum));
+    extra("auth_secret", "string", "\"\"",
+          "Shared secret authenticating control requests and events (HMAC); empty turns authentication off. Prefer "
+          "auth_secret_file.",
+          set_string(&Config::auth_secret));
+    extra("auth_secret_file", "string", "\"\"",
+          "File whose first line is the shared secret; exclusive with auth_secret.",
+          set_string(&Config::auth_secret_file));
+    extra("metrics_port", "integer", "0", "Serve Prometheus metrics over HTTP on this port (on ec_ip); 0 disables.",
+          set_integer(&Config::metrics_port, 0, 65535));
+    extra("pool_alignment", "bytes", "256",
+          "Alignment of every slot carved from a pool; a power of two from 8 to 2 MiB.", apply_alignment);
+    extra("max_tensor_bytes", "bytes", "0", "Largest single embedding accepted; 0 means ec_buffer_size.",
+          set_bytes(&Config::max_tensor_bytes, 0, kMaxBytes));
+    extra("resident_capacity_bytes", "bytes", "0",
+          "Bytes of landed embeddings kept for reuse by content (resident LRU); 0 means ec_buffer_size.",
+          set_bytes(&Config::resident_capacity_bytes, 0, kMaxBytes));
+    extra("encoder_output_width", "integer", "0",
+          "Hidden width of encoder outputs, needed by producers before an encode finishes; 0 takes it from the model "
+          "config.",
+          set_integer(&Config::encoder_output_width, 0, 1 << 24));
+    extra("cross_encoder_cache", "boolean", "false",
+          "Producer: also offer items found in the engine's own encoder cache for storing (store candidates).",
+          set_bool(&Config::cross_encoder_cache));
+    extra("log_level", "enum", "info",
+          "Log level of ECX's loggers (ECX_LOG_LEVEL overrides): trace, debug, info, warn, error, critical, off.",
           set_enum(&Config::log_level, {"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}));
-    extra("huge_pages", "boolean", "true", "Back host pools with transparent huge pages when the kernel offers them.", set_bool(&Config::huge_pages));
+    extra("huge_pages", "boolean", "true", "Back host pools with transparent huge pages when the kernel offers them.",
+          set_bool(&Config::huge_pages));
     extra("mlock", "boolean", "false", "Lock host pools into RAM (needs RLIMIT_MEMLOCK).", set_bool(&Config::mlock));
     return t;
   }();
@@ -322,9 +393,8 @@ Status unknown_key(std::string_view section, std::string_view key) {
 Status apply_object(const json& object, std::string_view section, Config& config) {
   for (const auto& [key, value] : object.items()) {
     const auto& table = key_table();
-    const auto it = std::find_if(table.begin(), table.end(), [&](const KeySpec& s) {
-      return s.info.section == section && s.info.name == key;
-    });
+    const auto it = std::find_if(table.begin(), table.end(),
+                                 [&](const KeySpec& s) { return s.info.section == section && s.info.name == key; });
     if (it == table.end()) return unknown_key(section, key);
     if (value.is_null() || !it->apply) continue;  // vLLM writes unset fields as null
     const std::string full = section.empty() ? key : fmt::format("{}.{}", section, key);
@@ -345,7 +415,8 @@ Status read_secret_file(Config& config) {
     return invalid_argument(fmt::format("{}: cannot read a secret from '{}'", key, config.auth_secret_file));
   }
   while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-  if (line.empty()) return invalid_argument(fmt::format("{}: '{}' holds an empty secret", key, config.auth_secret_file));
+  if (line.empty())
+    return invalid_argument(fmt::format("{}: '{}' holds an empty secret", key, config.auth_secret_file));
   config.auth_secret = line;
   return Status::ok();
 }
@@ -354,9 +425,12 @@ Status read_secret_file(Config& config) {
 
 std::string_view role_name(Role role) noexcept {
   switch (role) {
-    case Role::producer: return "ec_producer";
-    case Role::consumer: return "ec_consumer";
-    case Role::both: return "ec_both";
+    case Role::producer:
+      return "ec_producer";
+    case Role::consumer:
+      return "ec_consumer";
+    case Role::both:
+      return "ec_both";
   }
   return "unknown";
 }
@@ -381,7 +455,8 @@ Status validate_layout(const ParallelLayout& l, Role role) {
   auto check = [](std::string_view size_name, int size, std::string_view index_name, int index) -> Status {
     if (size < 1 || size > 4096) return invalid_argument(fmt::format("{} must be in 1..4096, got {}", size_name, size));
     if (index < 0 || index >= size) {
-      return invalid_argument(fmt::format("{} must be in 0..{} ({} - 1), got {}", index_name, size - 1, size_name, index));
+      return invalid_argument(
+          fmt::format("{} must be in 0..{} ({} - 1), got {}", index_name, size - 1, size_name, index));
     }
     return Status::ok();
   };
@@ -459,7 +534,9 @@ std::string format_bytes(std::uint64_t bytes) {
 
 std::string describe_config(const Config& c) {
   std::string out;
-  auto line = [&out](std::string_view label, const std::string& value) { out += fmt::format("{:<14}{}\n", label, value); };
+  auto line = [&out](std::string_view label, const std::string& value) {
+    out += fmt::format("{:<14}{}\n", label, value);
+  };
   const auto& l = c.layout;
   line("role", std::string(role_name(c.role)));
   line("layout", fmt::format("tp {} (rank {}), pp {} (rank {}), dp {} (index {})", l.tp_size, l.tp_rank, l.pp_size,
@@ -476,13 +553,16 @@ std::string describe_config(const Config& c) {
   line("pool", fmt::format("{} ({} bytes) on {}, alignment {}", format_bytes(c.buffer_size), c.buffer_size,
                            c.buffer_device, c.pool_alignment));
   line("max tensor", format_bytes(c.effective_max_tensor_bytes()));
-  line("transport", c.transport == "ucx" ? fmt::format("ucx ({}) on {}", c.ucx_mode, c.effective_data_ip())
-                                         : fmt::format("mooncake ({}) on {}", c.mooncake_protocol, c.effective_data_ip()));
-  line("timeouts", fmt::format("control {} s, push wait {} s, reservation ttl {} s, shutdown drain {} s",
-                               c.control_timeout_s, c.push_wait_timeout_s, c.reservation_ttl_s, c.shutdown_drain_timeout_s));
+  line("transport", c.transport == "ucx"
+                        ? fmt::format("ucx ({}) on {}", c.ucx_mode, c.effective_data_ip())
+                        : fmt::format("mooncake ({}) on {}", c.mooncake_protocol, c.effective_data_ip()));
+  line("timeouts",
+       fmt::format("control {} s, push wait {} s, reservation ttl {} s, shutdown drain {} s", c.control_timeout_s,
+                   c.push_wait_timeout_s, c.reservation_ttl_s, c.shutdown_drain_timeout_s));
   line("checksum", c.checksum ? "on (xxHash64)" : "off");
   line("auth", c.auth_secret.empty() ? "off" : "shared secret");
-  line("metrics", c.metrics_port == 0 ? std::string("off") : fmt::format("http://{}:{}/metrics", c.ec_ip, c.metrics_port));
+  line("metrics",
+       c.metrics_port == 0 ? std::string("off") : fmt::format("http://{}:{}/metrics", c.ec_ip, c.metrics_port));
   return out;
 }
 

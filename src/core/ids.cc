@@ -10,7 +10,16 @@ namespace {
 bool is_id_char(char c) {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
   switch (c) {
-    case '-': case '_': case '.': case ':': case '/': case '@': case '+': case '=': case '#': case '~':
+    case '-':
+    case '_':
+    case '.':
+    case ':':
+    case '/':
+    case '@':
+    case '+':
+    case '=':
+    case '#':
+    case '~':
       return true;
     default:
       return false;
@@ -33,9 +42,9 @@ Status validate_id(std::string_view id, std::string_view what) {
   }
   for (std::size_t i = 0; i < id.size(); ++i) {
     if (!is_id_char(id[i])) {
-      return invalid_argument(fmt::format(
-          "{} has an invalid character (code {}) at position {}; allowed: letters, digits and -_.:/@+=#~", what,
-          static_cast<int>(static_cast<unsigned char>(id[i])), i));
+      return invalid_argument(
+          fmt::format("{} has an invalid character (code {}) at position {}; allowed: letters, digits and -_.:/@+=#~",
+                      what, static_cast<int>(static_cast<unsigned char>(id[i])), i));
     }
   }
   return Status::ok();

@@ -41,8 +41,8 @@ Registry& registry() {
 Result<spdlog::level::level_enum> parse_level(std::string_view name) {
   using L = spdlog::level::level_enum;
   static constexpr std::pair<std::string_view, L> kLevels[] = {
-      {"trace", L::trace}, {"debug", L::debug},       {"info", L::info},         {"warn", L::warn},
-      {"warning", L::warn}, {"error", L::err},        {"critical", L::critical}, {"off", L::off},
+      {"trace", L::trace},  {"debug", L::debug}, {"info", L::info},         {"warn", L::warn},
+      {"warning", L::warn}, {"error", L::err},   {"critical", L::critical}, {"off", L::off},
   };
   for (const auto& [text, value] : kLevels) {
     if (text == name) return value;

@@ -5,8 +5,8 @@
 namespace ecx {
 namespace {
 constexpr std::array<std::string_view, 10> kNames = {
-    "ok",          "invalid_argument",   "not_found", "conflict", "unavailable",
-    "timeout",     "resource_exhausted", "cancelled", "protocol", "internal",
+    "ok",      "invalid_argument",   "not_found", "conflict", "unavailable",
+    "timeout", "resource_exhausted", "cancelled", "protocol", "internal",
 };
 }  // namespace
 

@@ -28,7 +28,8 @@ class SteadyClock final : public Clock {
 // Time moves only when a test says so.
 class ManualClock final : public Clock {
  public:
-  explicit ManualClock(TimePoint start = TimePoint{} + std::chrono::hours(1)) : now_ns_(start.time_since_epoch().count()) {}
+  explicit ManualClock(TimePoint start = TimePoint{} + std::chrono::hours(1))
+      : now_ns_(start.time_since_epoch().count()) {}
 
   TimePoint now() const noexcept override { return TimePoint{Duration{now_ns_.load(std::memory_order_acquire)}}; }
   void advance(Duration by) noexcept { now_ns_.fetch_add(by.count(), std::memory_order_acq_rel); }

@@ -46,20 +46,20 @@ struct Config {
   std::uint64_t event_queue_max = 4'096;
   std::uint64_t max_frame_bytes = 1 << 20;
   std::uint64_t retry_after_ms = 5;
-  std::string transport = "ucx";             // ucx | mooncake
-  std::string ucx_mode = "am";               // am | put
-  std::string mooncake_protocol = "tcp";     // tcp | rdma
-  std::string mooncake_lib;                  // "" = ECX_MOONCAKE_LIB or the loader's search path
-  std::string data_ip;                       // "" = ec_ip
-  int event_port = 0;                        // 0 = ephemeral
+  std::string transport = "ucx";          // ucx | mooncake
+  std::string ucx_mode = "am";            // am | put
+  std::string mooncake_protocol = "tcp";  // tcp | rdma
+  std::string mooncake_lib;               // "" = ECX_MOONCAKE_LIB or the loader's search path
+  std::string data_ip;                    // "" = ec_ip
+  int event_port = 0;                     // 0 = ephemeral
   bool checksum = false;
-  std::string auth_secret;                   // "" = authentication off
+  std::string auth_secret;  // "" = authentication off
   std::string auth_secret_file;
-  int metrics_port = 0;                      // 0 = no HTTP metrics endpoint
+  int metrics_port = 0;  // 0 = no HTTP metrics endpoint
   std::uint64_t pool_alignment = 256;
-  std::uint64_t max_tensor_bytes = 0;        // 0 = buffer_size
-  std::uint64_t resident_capacity_bytes = 0; // 0 = buffer_size
-  std::int64_t encoder_output_width = 0;     // 0 = from the model config
+  std::uint64_t max_tensor_bytes = 0;         // 0 = buffer_size
+  std::uint64_t resident_capacity_bytes = 0;  // 0 = buffer_size
+  std::int64_t encoder_output_width = 0;      // 0 = from the model config
   bool cross_encoder_cache = false;
   std::string log_level = "info";
   bool huge_pages = true;
@@ -72,7 +72,9 @@ struct Config {
   // tcp://<ec_ip>:<control_port + tp_rank>, IPv6 addresses in brackets.
   std::string control_address(int tp_rank) const;
   std::string effective_data_ip() const { return data_ip.empty() ? ec_ip : data_ip; }
-  std::uint64_t effective_max_tensor_bytes() const noexcept { return max_tensor_bytes ? max_tensor_bytes : buffer_size; }
+  std::uint64_t effective_max_tensor_bytes() const noexcept {
+    return max_tensor_bytes ? max_tensor_bytes : buffer_size;
+  }
   std::uint64_t effective_resident_capacity() const noexcept {
     return resident_capacity_bytes ? resident_capacity_bytes : buffer_size;
   }
@@ -98,7 +100,7 @@ std::string tcp_address(std::string_view host, int port);
 struct ConfigKeyInfo {
   std::string_view section;  // "" for top-level, "ec_connector_extra_config" for extra keys
   std::string_view name;
-  std::string_view type;     // string | integer | bytes | seconds | boolean | enum
+  std::string_view type;  // string | integer | bytes | seconds | boolean | enum
   std::string_view default_text;
   std::string_view meaning;
 };

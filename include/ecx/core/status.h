@@ -47,9 +47,7 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline bool operator==(const Status& a, const Status& b) {
-  return a.code() == b.code() && a.message() == b.message();
-}
+inline bool operator==(const Status& a, const Status& b) { return a.code() == b.code() && a.message() == b.message(); }
 
 Status invalid_argument(std::string message);
 Status not_found(std::string message);
@@ -65,7 +63,7 @@ Status internal_error(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : data_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : data_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(data_).is_ok() && "Result built from an ok Status");
     if (std::get<Status>(data_).is_ok()) {
@@ -99,8 +97,8 @@ class [[nodiscard]] Result {
 }  // namespace ecx
 
 // Propagate an error Status from an expression returning Status.
-#define ECX_RETURN_IF_ERROR(expr)               \
-  do {                                          \
-    ::ecx::Status ecx_status_ = (expr);         \
+#define ECX_RETURN_IF_ERROR(expr)                 \
+  do {                                            \
+    ::ecx::Status ecx_status_ = (expr);           \
     if (!ecx_status_.is_ok()) return ecx_status_; \
   } while (0)

@@ -20,7 +20,8 @@ ParallelLayout tp(int size, int rank = 0) {
 
 Status error_of(std::string_view json, ParallelLayout layout = {}) { return parse_config(json, layout).status(); }
 
-void expect_error_mentions(std::string_view json, std::initializer_list<std::string_view> needles, ParallelLayout layout = {}) {
+void expect_error_mentions(std::string_view json, std::initializer_list<std::string_view> needles,
+                           ParallelLayout layout = {}) {
   const Status s = error_of(json, layout);
   ASSERT_FALSE(s.is_ok()) << json;
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
@@ -82,7 +83,8 @@ TEST(Config, Ipv6AddressesAreBracketed) {
 }
 
 TEST(Config, MisspelledKeySuggestsTheClosestAndListsValidOnes) {
-  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_prot": 1})", {"'ec_prot'", "did you mean 'ec_port'", "Valid keys:", "ec_buffer_size"});
+  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_prot": 1})",
+                        {"'ec_prot'", "did you mean 'ec_port'", "Valid keys:", "ec_buffer_size"});
   expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"control_timeout": 3}})",
                         {"'control_timeout'", "ec_connector_extra_config", "did you mean 'control_timeout_s'"});
 }
@@ -92,7 +94,8 @@ TEST(Config, WrongTypesNameTheKey) {
   expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_port": true})", {"ec_port", "boolean"});
   expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"checksum": "yes"}})",
                         {"ec_connector_extra_config.checksum", "true or false"});
-  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": []})", {"ec_connector_extra_config", "object"});
+  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": []})",
+                        {"ec_connector_extra_config", "object"});
   expect_error_mentions(R"({"ec_role": 3})", {"ec_role"});
   expect_error_mentions(R"([1,2])", {"JSON object"});
   expect_error_mentions(R"({"ec_role": )", {"not valid JSON"});
@@ -104,14 +107,17 @@ TEST(Config, RangesAreChecked) {
   // The last shard's port must fit too.
   expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_port": 65535})", {"ec_port", "65535..65536"}, tp(2));
   for (const char* bad : {"0", "-1", "1e308", "\"5\"", "true"}) {
-    const std::string json = std::string(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"control_timeout_s": )") + bad + "}}";
+    const std::string json =
+        std::string(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"control_timeout_s": )") + bad + "}}";
     expect_error_mentions(json, {"control_timeout_s"});
   }
   expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_buffer_size": 1.5})", {"ec_buffer_size"});
   expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_buffer_size": "lots"})", {"ec_buffer_size", "512MiB"});
-  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"pool_alignment": 300}})", {"power of two"});
-  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_buffer_size": 65536, "ec_connector_extra_config": {"max_tensor_bytes": 1e6}})",
-                        {"max_tensor_bytes", "exceeds"});
+  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"pool_alignment": 300}})",
+                        {"power of two"});
+  expect_error_mentions(
+      R"({"ec_role": "ec_consumer", "ec_buffer_size": 65536, "ec_connector_extra_config": {"max_tensor_bytes": 1e6}})",
+      {"max_tensor_bytes", "exceeds"});
 }
 
 TEST(Config, EnumsListAcceptedValues) {
@@ -148,13 +154,17 @@ TEST(Config, LayoutRanksMustFitSizes) {
 TEST(Config, SecretFileIsReadAndExclusive) {
   const std::string path = ::testing::TempDir() + "/ecx_secret";
   std::ofstream(path) << "s3cret\n";
-  auto config = parse_config(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"auth_secret_file": ")" + path + "\"}}", {});
+  auto config = parse_config(
+      R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"auth_secret_file": ")" + path + "\"}}", {});
   ASSERT_TRUE(config) << config.status().to_string();
   EXPECT_EQ(config->auth_secret, "s3cret");
-  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"auth_secret": "x", "auth_secret_file": ")" + path + "\"}}",
-                        {"exclusive"});
-  expect_error_mentions(R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"auth_secret_file": "/nonexistent/x"}})",
-                        {"auth_secret_file", "cannot read"});
+  expect_error_mentions(
+      R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"auth_secret": "x", "auth_secret_file": ")" + path +
+          "\"}}",
+      {"exclusive"});
+  expect_error_mentions(
+      R"({"ec_role": "ec_consumer", "ec_connector_extra_config": {"auth_secret_file": "/nonexistent/x"}})",
+      {"auth_secret_file", "cannot read"});
 }
 
 TEST(Config, DescribeShowsEveryShard) {
@@ -176,7 +186,8 @@ TEST(ConfigDoc, DocumentsEveryKeyExactly) {
   std::string line;
   std::string section;
   while (std::getline(in, line)) {
-    if (line.starts_with("## ")) section = line.find("ec_connector_extra_config") != std::string::npos ? "ec_connector_extra_config" : "";
+    if (line.starts_with("## "))
+      section = line.find("ec_connector_extra_config") != std::string::npos ? "ec_connector_extra_config" : "";
     std::smatch m;
     if (std::regex_search(line, m, row)) {
       const std::string key = section.empty() ? m[1].str() : section + "." + m[1].str();
@@ -185,7 +196,8 @@ TEST(ConfigDoc, DocumentsEveryKeyExactly) {
   }
   std::set<std::string> in_code;
   for (const auto& info : config_keys()) {
-    const std::string key = info.section.empty() ? std::string(info.name) : std::string(info.section) + "." + std::string(info.name);
+    const std::string key =
+        info.section.empty() ? std::string(info.name) : std::string(info.section) + "." + std::string(info.name);
     in_code.insert(key);
     auto it = documented.find(key);
     if (it == documented.end()) {

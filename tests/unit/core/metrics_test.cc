@@ -1,0 +1,110 @@
+#include "ecx/core/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "ecx/core/metrics_server.h"
+
+namespace ecx::metrics {
+namespace {
+
+TEST(Metrics, CountersAndGaugesRenderWithPrefixAndLabels) {
+  Registry registry;
+  registry.counter("transfers_total", "Transfers by outcome", {{"outcome", "ready"}}).inc(3);
+  registry.counter("transfers_total", "Transfers by outcome", {{"outcome", "failed"}}).inc();
+  registry.gauge("pool_used_bytes", "Bytes in use").set(4096);
+  const auto text = registry.prometheus_text();
+  EXPECT_NE(text.find("# TYPE ecx_transfers_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("ecx_transfers_total{outcome=\"ready\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("ecx_transfers_total{outcome=\"failed\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("ecx_pool_used_bytes 4096"), std::string::npos) << text;
+  const auto snap = registry.snapshot();
+  EXPECT_EQ(snap.at("ecx_transfers_total{outcome=\"ready\"}"), 3.0);
+}
+
+TEST(Metrics, SameNameAndLabelsIsTheSameSeries) {
+  Registry registry;
+  auto& a = registry.counter("x", "help", {{"k", "v"}});
+  auto& b = registry.counter("x", "help", {{"k", "v"}});
+  EXPECT_EQ(&a, &b);
+}
+
+TEST(Metrics, HistogramBucketsAreCumulative) {
+  Registry registry;
+  auto& h = registry.histogram("time_to_ready_seconds", "Time to ready", {}, {0.001, 0.01, 0.1});
+  for (double v : {0.0005, 0.005, 0.005, 0.05, 5.0}) h.observe(v);
+  const auto s = h.snapshot();
+  EXPECT_EQ(s.count, 5U);
+  EXPECT_EQ(s.cumulative_counts, (std::vector<std::uint64_t>{1, 3, 4, 5}));
+  EXPECT_GT(s.quantile(0.5), 0.001);
+  EXPECT_LE(s.quantile(0.5), 0.01);
+  const auto text = registry.prometheus_text();
+  EXPECT_NE(text.find("ecx_time_to_ready_seconds_bucket{le=\"0.01\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("ecx_time_to_ready_seconds_bucket{le=\"+Inf\"} 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("ecx_time_to_ready_seconds_count 5"), std::string::npos) << text;
+}
+
+TEST(Metrics, CollectorsAreReadAtScrapeTime) {
+  Registry registry;
+  int value = 1;
+  const auto id = registry.add_collector([&value](SampleSink& sink) {
+    sink.sample("tombstones", "Terminal records kept", SampleType::gauge, {{"shard", "0"}}, value);
+  });
+  value = 7;
+  EXPECT_NE(registry.prometheus_text().find("ecx_tombstones{shard=\"0\"} 7"), std::string::npos);
+  registry.remove_collector(id);
+  EXPECT_EQ(registry.prometheus_text().find("ecx_tombstones"), std::string::npos);
+}
+
+TEST(Metrics, LabelValuesAreEscaped) { EXPECT_EQ(series_name("a", {{"k", "x\"y\\z"}}), "ecx_a{k=\"x\\\"y\\\\z\"}"); }
+
+std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return {};
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void)::send(fd, request.data(), request.size(), 0);
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, static_cast<std::size_t>(n));
+  ::close(fd);
+  return response;
+}
+
+TEST(MetricsServer, ServesPrometheusTextOverHttp) {
+  Registry registry;
+  registry.counter("requests_total", "Requests").inc(5);
+  auto server = MetricsServer::start(registry, "127.0.0.1", 0);
+  ASSERT_TRUE(server) << server.status().to_string();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  const auto ok = http_get(port, "/metrics");
+  EXPECT_NE(ok.find("200 OK"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("ecx_requests_total 5"), std::string::npos) << ok;
+  EXPECT_NE(http_get(port, "/other").find("404"), std::string::npos);
+  (*server)->stop();
+  (*server)->stop();  // idempotent
+}
+
+TEST(MetricsServer, RejectsANonNumericHost) {
+  Registry registry;
+  auto server = MetricsServer::start(registry, "not-an-ip", 0);
+  ASSERT_FALSE(server);
+  EXPECT_NE(server.status().message().find("numeric IP"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ecx::metrics
