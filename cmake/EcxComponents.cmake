@@ -40,7 +40,16 @@ function(ecx_add_shared_library)
   add_library(ecx SHARED ${CMAKE_SOURCE_DIR}/src/libecx.cc)
   # The component archives go in whole and privately, so users of libecx get each
   # symbol once (from the .so); they still see the headers and external libraries.
-  target_link_libraries(ecx PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,${components}>" ecx_warnings PUBLIC ${external})
+  # The archives are named by file, not by target: linked as targets they also come in
+  # plainly through the DEPENDS of the components above them, and CMake refuses a
+  # library linked both with and without the WHOLE_ARCHIVE feature.
+  set(archives "")
+  foreach(component IN LISTS components)
+    list(APPEND archives "$<TARGET_FILE:${component}>")
+  endforeach()
+  add_dependencies(ecx ${components})
+  target_link_libraries(ecx PRIVATE "-Wl,--whole-archive" ${archives} "-Wl,--no-whole-archive" ecx_warnings
+                        PUBLIC ${external})
   target_include_directories(ecx PUBLIC
     $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include> $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/src>
     $<INSTALL_INTERFACE:include>)

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
+#include <utility>
 
 #include "ecx/core/status.h"
 
@@ -48,9 +50,14 @@ class OffsetAllocator {
   std::uint64_t capacity_;
   std::uint64_t alignment_;
   std::uint64_t used_ = 0;
-  std::map<std::uint64_t, std::uint64_t> free_by_offset_;                 // offset -> size
-  std::multimap<std::uint64_t, std::uint64_t> free_by_size_;              // size -> offset
-  std::map<std::uint64_t, std::uint64_t> live_;                           // offset -> size
+  void insert_free(std::uint64_t offset, std::uint64_t size);
+  void erase_free(std::map<std::uint64_t, std::uint64_t>::iterator block);
+
+  std::map<std::uint64_t, std::uint64_t> free_by_offset_;  // offset -> size
+  // (size, offset): best fit is the first entry not smaller than the request, and
+  // removing one exact block stays O(log n) however many blocks share a size.
+  std::set<std::pair<std::uint64_t, std::uint64_t>> free_by_size_;
+  std::map<std::uint64_t, std::uint64_t> live_;  // offset -> size
 };
 
 }  // namespace ecx::pool
