@@ -1,0 +1,125 @@
+#pragma once
+// The data plane: moves one payload from a registered local region into memory the
+// RECEIVER chooses. The sender passes a small opaque header with every payload;
+// on the receiving side a landing resolver turns that header into a destination
+// (or rejects it) before any payload byte is written, so data can only land where
+// the receiver currently wants it. Headers are bytes to the transport; the layer
+// above defines their content.
+//
+// Lifecycle of one payload:
+//   sender:   send(endpoint, header, region, offset, length, deadline, on_sent)
+//   receiver: resolver(header, length) -> Landing{destination, length, token} | error
+//             ... payload written into destination ...
+//             on_landing(header, landing, ok | error)      (only for resolved landings)
+//   sender:   on_sent(ok | error)                         (exactly once per accepted send)
+//
+// Threading. Each transport owns one progress thread; every callback (resolver,
+// on_landing, on_sent, on_peer_failure) runs on it, one at a time, and must not
+// block. All public member functions are thread-safe and may be called from any
+// thread, including from inside a callback. register_region, deregister_region,
+// listen and connect wait for the progress thread (bounded by the call timeout);
+// send only enqueues (bounded queue: resource_exhausted when full).
+//
+// Memory. A region is registered once and may be the source of any number of
+// sends; it must stay registered (and allocated) until every send from it has
+// completed. Destinations returned by the resolver should lie inside a region
+// registered with the same transport (faster: no per-transfer registration), and
+// must stay valid until on_landing ran for them.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ecx/core/clock.h"
+#include "ecx/core/status.h"
+
+namespace ecx::transport {
+
+inline constexpr std::size_t kMaxHeaderBytes = 1024;
+
+enum class MemoryKind : std::uint8_t {
+  host,  // any CPU-addressable memory, including CUDA pinned host memory
+  cuda,  // device memory; only with a transport built with CUDA support (Debian's UCX is not)
+};
+
+struct RegionHandle {
+  std::uint64_t id = 0;  // 0: none
+  bool valid() const noexcept { return id != 0; }
+  friend bool operator==(const RegionHandle&, const RegionHandle&) = default;
+};
+
+struct EndpointHandle {
+  std::uint64_t id = 0;  // 0: none
+  bool valid() const noexcept { return id != 0; }
+  friend bool operator==(const EndpointHandle&, const EndpointHandle&) = default;
+};
+
+// Where an incoming payload goes. `length` must equal the payload length: a payload
+// of any other length is refused and never written (on_landing reports the error).
+struct Landing {
+  std::byte* destination = nullptr;
+  std::uint64_t length = 0;
+  std::uint64_t token = 0;  // opaque to the transport; handed back to on_landing
+};
+
+// Runs on the progress thread for every incoming payload, before any byte is
+// written. An error rejects the payload: nothing is written and on_landing is not
+// called. With a rendezvous payload the sender's on_sent then reports the error
+// too (an eagerly sent small payload is already on the wire: its sender sees ok).
+using LandingResolver = std::function<Result<Landing>(std::span<const std::byte> header, std::uint64_t payload_bytes)>;
+// Exactly once per resolved landing: ok = every byte is in place; an error = the
+// payload did not (fully) arrive, e.g. the sender died; the destination may then
+// hold partial data and is the receiver's again.
+using LandingCallback = std::function<void(std::span<const std::byte> header, const Landing& landing, Status status)>;
+// Exactly once per send that send() accepted. ok = the source bytes may be reused
+// and the payload was handed to the receiver (a rendezvous payload: fetched into
+// its landing). An error = it was not delivered (peer failure, rejection, deadline,
+// shutdown); the source may be reused once this callback runs.
+using SendCallback = std::function<void(Status status)>;
+// An endpoint (outgoing or incoming) failed; its pending sends fail with `status`.
+// For an outgoing endpoint `peer` is the address it was connected to.
+using PeerFailureCallback = std::function<void(EndpointHandle endpoint, std::string_view peer, const Status& status)>;
+
+struct TransportStats {
+  std::uint64_t sends_started = 0;
+  std::uint64_t sends_ok = 0;
+  std::uint64_t sends_failed = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t landings_ok = 0;
+  std::uint64_t landings_failed = 0;
+  std::uint64_t landings_rejected = 0;  // the resolver refused, or the length did not match
+  std::uint64_t bytes_landed = 0;
+  std::uint64_t peer_failures = 0;
+  std::uint64_t deadline_expiries = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Registers [base, base + size) once; the handle names it in send().
+  virtual Result<RegionHandle> register_region(void* base, std::uint64_t size, MemoryKind kind) = 0;
+  // conflict while a send from the region is still in flight.
+  virtual Status deregister_region(RegionHandle region) = 0;
+
+  // Starts accepting connections on host:port (port 0 = any free port) and returns
+  // the address peers pass to connect(), e.g. "127.0.0.1:40123".
+  virtual Result<std::string> listen(std::string_view host, int port) = 0;
+  // The endpoint for a peer address, created on first use and cached; a failed
+  // endpoint is dropped from the cache, so the next connect() makes a fresh one.
+  virtual Result<EndpointHandle> connect(std::string_view address) = 0;
+
+  // Sends `length` bytes at `offset` of `region` with `header` (at most
+  // kMaxHeaderBytes) to the peer. A send still pending at `deadline` fails with
+  // `timeout`. An error returned here means on_sent will not be called.
+  virtual Status send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region,
+                      std::uint64_t offset, std::uint64_t length, TimePoint deadline, SendCallback on_sent) = 0;
+
+  virtual TransportStats stats() const = 0;
+  virtual std::string_view name() const noexcept = 0;
+};
+
+}  // namespace ecx::transport

@@ -1,0 +1,62 @@
+#pragma once
+// The UCX backend of Transport (Debian's libucx 1.13).
+//
+// Mode `am` (default): one active message per payload carrying the header.
+// Payloads below `rndv_threshold_bytes` go eagerly (the bytes arrive with the
+// header and are copied into the landing); larger ones use rendezvous, so the
+// receiver's handler resolves the landing and UCX fetches the payload straight into
+// it (zero copy where the transport allows). Works on tcp, shared memory and verbs.
+//
+// Mode `put`: one-sided put + flush into a landing the receiver granted:
+// request (header) -> grant (address, rkey) -> put, flush -> done -> on_landing.
+// Meant for RC verbs, where a put is one RDMA write; on TCP UCX 1.13 emulates put
+// slowly (tens to hundreds of MB/s), so keep `am` there.
+//
+// UCX reads its usual environment (UCX_TLS, UCX_NET_DEVICES, UCX_RNDV_THRESH, ...);
+// `tls` below, when set, overrides UCX_TLS for this transport only.
+// Peer failures are detected with UCP_ERR_HANDLING_MODE_PEER. A send still pending
+// at its deadline fails with `timeout`: UCX 1.13 cannot cancel a single send, so
+// its endpoint is closed (its other pending sends fail too) and the next connect()
+// to that peer makes a fresh one.
+
+#include <memory>
+#include <string>
+
+#include "ecx/core/clock.h"
+#include "ecx/transport/transport.h"
+
+namespace ecx::transport {
+
+enum class UcxMode : std::uint8_t { am, put };
+
+struct UcxOptions {
+  UcxMode mode = UcxMode::am;
+  std::string tls;  // "" = UCX_TLS from the environment (or UCX's default)
+  // Payloads of at least this many bytes are sent with rendezvous (0 = UCX decides).
+  std::uint64_t rndv_threshold_bytes = 8192;
+  std::shared_ptr<const Clock> clock;  // null = SteadyClock::shared()
+
+  LandingResolver resolver;             // required to receive
+  LandingCallback on_landing;           // required to receive
+  PeerFailureCallback on_peer_failure;  // optional
+
+  std::size_t command_queue_capacity = 4096;  // sends and calls waiting for the progress thread
+  // How long blocking calls (register, listen, connect) wait for the progress thread.
+  Duration call_timeout = std::chrono::seconds(10);
+  // Longest sleep of an idle progress thread; bounds how late a deadline is noticed.
+  Duration max_idle_sleep = std::chrono::milliseconds(20);
+  // While operations are in flight the progress thread polls this long before it
+  // sleeps on the event fd: waking from epoll per fragment would cost more than it saves.
+  Duration spin_before_sleep = std::chrono::microseconds(50);
+};
+
+std::string_view ucx_mode_name(UcxMode mode) noexcept;
+Result<UcxMode> parse_ucx_mode(std::string_view name);
+
+// Creates the UCX context and worker and starts the progress thread.
+Result<std::unique_ptr<Transport>> create_ucx_transport(UcxOptions options);
+
+// "1.13.1"-style version of the UCX library loaded at run time.
+std::string ucx_library_version();
+
+}  // namespace ecx::transport

@@ -1,0 +1,68 @@
+#include "transport/address.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+
+#include <charconv>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace ecx::transport::detail {
+
+Result<HostPort> split_host_port(std::string_view address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == address.size()) {
+    return invalid_argument(fmt::format("address '{}' is not host:port", address));
+  }
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port_text = address.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.back() != ']' || host.size() < 3)
+      return invalid_argument(fmt::format("address '{}': bad IPv6 brackets", address));
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return invalid_argument(fmt::format("address '{}': put an IPv6 host in brackets", address));
+  }
+  int port = -1;
+  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (error != std::errc{} || end != port_text.data() + port_text.size() || port < 0 || port > 65535) {
+    return invalid_argument(fmt::format("address '{}': port must be 0..65535", address));
+  }
+  return HostPort{std::string(host), port};
+}
+
+Result<SocketAddress> resolve(const HostPort& host_port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(host_port.port);
+  if (const int rc = ::getaddrinfo(host_port.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return unavailable(fmt::format("cannot resolve '{}': {}", host_port.host, ::gai_strerror(rc)));
+  }
+  SocketAddress result;
+  std::memcpy(&result.storage, found->ai_addr, found->ai_addrlen);
+  result.length = found->ai_addrlen;
+  ::freeaddrinfo(found);
+  return result;
+}
+
+std::string format_host_port(std::string_view host, int port) {
+  if (host.find(':') != std::string_view::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+Result<std::string> format_socket_address(const sockaddr* address) {
+  char host[NI_MAXHOST];
+  char port[NI_MAXSERV];
+  const socklen_t length = address->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (const int rc =
+          ::getnameinfo(address, length, host, sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV);
+      rc != 0) {
+    return internal_error(fmt::format("getnameinfo: {}", ::gai_strerror(rc)));
+  }
+  return format_host_port(host, std::atoi(port));
+}
+
+}  // namespace ecx::transport::detail

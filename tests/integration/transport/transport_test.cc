@@ -1,0 +1,334 @@
+// Two real processes over UCX (tcp and shared memory) on loopback: this test
+// process and transport_peer, its helper.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "child_process.h"
+#include "ecx/pool/offset_allocator.h"
+#include "ecx/pool/slab.h"
+#include "ecx/transport/ucx_transport.h"
+#include "peer_protocol.h"
+#include "transport/address.h"
+
+namespace ecx::transport::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint64_t kPoolBytes = 256ULL << 20;  // 8 x 32 MiB: a window of 4 always fits
+constexpr std::uint64_t kAlignment = 4096;
+constexpr std::byte kUntouched{0x5a};
+
+std::string peer_binary() { return std::string(ECX_BINARY_DIR) + "/bin/transport_peer"; }
+
+struct Variant {
+  const char* name;
+  const char* tls;
+  UcxMode mode;
+};
+
+std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }
+
+// Status names as the helper prints them.
+std::string code(StatusCode c) { return std::string(status_code_name(c)); }
+
+// This process receives: a registered pool carved by an OffsetAllocator, every
+// landing verified against the pattern.
+class ReceiverTest : public ::testing::TestWithParam<Variant> {
+ protected:
+  struct Outcome {
+    Status status;
+    bool intact = false;
+  };
+
+  void SetUp() override {
+    auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPoolBytes);
+    ASSERT_TRUE(slab) << slab.status().to_string();
+    slab_.emplace(std::move(*slab));
+    std::memset(slab_->data(), static_cast<int>(kUntouched), 4 << 20);
+    pattern_ = make_pattern(kPatternBytes);
+
+    UcxOptions options;
+    options.tls = GetParam().tls;
+    options.mode = GetParam().mode;
+    options.clock = clock_;
+    options.resolver = [this](std::span<const std::byte> bytes, std::uint64_t) -> Result<Landing> {
+      auto header = parse_header(bytes);
+      if (!header) return invalid_argument("bad header");
+      if (header->flags & kReject) return resource_exhausted("rejected by request");
+      std::lock_guard lock(mutex_);
+      auto slot = allocator_.allocate(header->landing_length);
+      if (!slot) return slot.status();
+      if (header->flags & kKillSender) {
+        sender_->kill();  // reaped: the sender is gone before the payload is fetched
+      }
+      return Landing{slab_->at(*slot), header->landing_length, slot->offset};
+    };
+    options.on_landing = [this](std::span<const std::byte> bytes, const Landing& landing, Status status) {
+      auto header = parse_header(bytes);
+      std::lock_guard lock(mutex_);
+      const bool intact =
+          header && std::memcmp(landing.destination, pattern_.data() + header->source_offset, landing.length) == 0;
+      outcomes_[header ? header->index : ~0ULL] = Outcome{status, intact};
+      EXPECT_TRUE(allocator_.free(pool::Slot{landing.token, round_up(landing.length)}));
+      changed_.notify_all();
+    };
+    auto transport = create_ucx_transport(options);
+    ASSERT_TRUE(transport) << transport.status().to_string();
+    transport_ = std::move(*transport);
+    ASSERT_TRUE(transport_->register_region(slab_->data(), slab_->size(), MemoryKind::host));
+    auto address = transport_->listen("127.0.0.1", 0);
+    ASSERT_TRUE(address) << address.status().to_string();
+    sender_ = std::make_unique<ChildProcess>(std::vector<std::string>{peer_binary(), "send", "--connect", *address,
+                                                                      "--tls", GetParam().tls, "--mode",
+                                                                      std::string(ucx_mode_name(GetParam().mode))});
+    ASSERT_TRUE(sender_->started());
+  }
+
+  void TearDown() override {
+    if (sender_) sender_->write_line("quit");
+    transport_.reset();  // joins the progress thread before the child goes
+    sender_.reset();
+  }
+
+  static std::uint64_t round_up(std::uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+  std::optional<std::string> next_line(std::chrono::milliseconds timeout = 60s) { return sender_->read_line(timeout); }
+
+  bool wait_for_outcomes(std::size_t count, std::chrono::seconds timeout = 60s) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, timeout, [&] { return outcomes_.size() >= count; });
+  }
+
+  pool::AllocatorStats pool_stats() {
+    std::lock_guard lock(mutex_);
+    return allocator_.stats();
+  }
+
+  bool pool_prefix_untouched(std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes; ++i) {
+      if (slab_->data()[i] != kUntouched) return false;
+    }
+    return true;
+  }
+
+  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
+  std::optional<pool::Slab> slab_;
+  std::vector<std::byte> pattern_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  pool::OffsetAllocator allocator_{kPoolBytes, kAlignment};
+  std::map<std::uint64_t, Outcome> outcomes_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<ChildProcess> sender_;
+};
+
+TEST_P(ReceiverTest, ThousandRandomTransfersLandIntact) {
+  ASSERT_TRUE(sender_->write_line("random 20240601 1000 4"));
+  auto done = next_line(120s);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(*done, "random-done 1000 0");
+  ASSERT_TRUE(wait_for_outcomes(1000));
+  std::size_t intact = 0;
+  for (const auto& [index, outcome] : outcomes_) {
+    EXPECT_TRUE(outcome.status.is_ok()) << "transfer " << index << ": " << outcome.status.to_string();
+    intact += outcome.intact ? 1 : 0;
+  }
+  EXPECT_EQ(intact, 1000u);
+  const auto stats = pool_stats();
+  EXPECT_EQ(stats.used_bytes, 0u);
+  EXPECT_EQ(stats.free_block_count, 1u);
+  EXPECT_EQ(transport_->stats().landings_ok, 1000u);
+}
+
+TEST_P(ReceiverTest, RejectedLandingsLeaveThePoolUntouched) {
+  // A large (rendezvous) and a small (eager) payload the resolver refuses.
+  ASSERT_TRUE(sender_->write_line("send 1 0 1000000 1000000 " + std::to_string(kReject)));
+  ASSERT_TRUE(sender_->write_line("send 2 4096 100 100 " + std::to_string(kReject)));
+  std::map<std::string, std::string> sent;
+  for (int i = 0; i < 2; ++i) {
+    auto line = next_line();
+    ASSERT_TRUE(line.has_value());
+    sent[line->substr(5, 1)] = line->substr(7);
+  }
+  // The rendezvous sender learns about the refusal; the eager one was already sent.
+  EXPECT_EQ(sent["1"], code(StatusCode::resource_exhausted));
+  EXPECT_EQ(sent["2"], code(StatusCode::ok));
+  const auto stats = pool_stats();
+  EXPECT_EQ(stats.used_bytes, 0u);
+  EXPECT_EQ(stats.live_slots, 0u);
+  EXPECT_EQ(stats.free_block_count, 1u);
+  EXPECT_TRUE(pool_prefix_untouched(4 << 20));
+  EXPECT_EQ(transport_->stats().landings_rejected, 2u);
+  std::lock_guard lock(mutex_);
+  EXPECT_TRUE(outcomes_.empty()) << "a rejected payload reported a landing";
+}
+
+TEST_P(ReceiverTest, PayloadLongerThanItsLandingIsNeverWritten) {
+  // The receiver reserves 1 MB but the sender pushes 2 MB (and 300 bytes for 200, eagerly).
+  ASSERT_TRUE(sender_->write_line("send 3 0 2000000 1000000 0"));
+  ASSERT_TRUE(wait_for_outcomes(1));
+  ASSERT_TRUE(sender_->write_line("send 4 0 300 200 0"));
+  ASSERT_TRUE(wait_for_outcomes(2));
+  {
+    std::lock_guard lock(mutex_);
+    EXPECT_EQ(outcomes_[3].status.code(), StatusCode::invalid_argument);
+    EXPECT_EQ(outcomes_[4].status.code(), StatusCode::invalid_argument);
+  }
+  std::map<std::string, std::string> sent;
+  for (int i = 0; i < 2; ++i) {
+    auto line = next_line();
+    ASSERT_TRUE(line.has_value());
+    sent[line->substr(5, 1)] = line->substr(7);
+  }
+  EXPECT_EQ(sent["3"], code(StatusCode::invalid_argument));
+  EXPECT_TRUE(pool_prefix_untouched(4 << 20)) << "bytes of an oversized payload reached the slot";
+  EXPECT_EQ(pool_stats().used_bytes, 0u);
+}
+
+TEST_P(ReceiverTest, SenderKilledMidTransferNeverLands) {
+  ASSERT_TRUE(sender_->write_line("send 7 0 33554432 33554432 " + std::to_string(kKillSender)));
+  ASSERT_TRUE(wait_for_outcomes(1, 30s)) << "the landing was never resolved after the sender died";
+  std::lock_guard lock(mutex_);
+  EXPECT_FALSE(outcomes_[7].status.is_ok()) << "a payload from a dead sender was reported as landed";
+  EXPECT_EQ(transport_->stats().landings_ok, 0u);
+  EXPECT_EQ(allocator_.stats().used_bytes, 0u);
+}
+
+const Variant kVariants[] = {
+    {"tcp", "tcp", UcxMode::am},
+    {"shm", "sm,tcp", UcxMode::am},
+};
+INSTANTIATE_TEST_SUITE_P(Ucx, ReceiverTest, ::testing::ValuesIn(kVariants), variant_name);
+
+// This process sends; transport_peer receives (and can hang or be killed).
+class SenderTest : public ::testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override {
+    auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes);
+    ASSERT_TRUE(slab);
+    slab_.emplace(std::move(*slab));
+    const auto pattern = make_pattern(kPatternBytes);
+    std::memcpy(slab_->data(), pattern.data(), kPatternBytes);
+    receiver_ = std::make_unique<ChildProcess>(std::vector<std::string>{peer_binary(), "receive", "--listen",
+                                                                        "127.0.0.1", "--tls", GetParam().tls, "--mode",
+                                                                        std::string(ucx_mode_name(GetParam().mode))});
+    auto line = receiver_->read_line(30s);
+    ASSERT_TRUE(line && line->starts_with("address ")) << line.value_or("(nothing)");
+    UcxOptions options;
+    options.tls = GetParam().tls;
+    options.mode = GetParam().mode;
+    options.clock = clock_;
+    options.on_peer_failure = [this](EndpointHandle, std::string_view, const Status&) { peer_failures_.fetch_add(1); };
+    auto transport = create_ucx_transport(options);
+    ASSERT_TRUE(transport) << transport.status().to_string();
+    transport_ = std::move(*transport);
+    auto region = transport_->register_region(slab_->data(), slab_->size(), MemoryKind::host);
+    ASSERT_TRUE(region);
+    region_ = *region;
+    auto endpoint = transport_->connect(line->substr(8));
+    ASSERT_TRUE(endpoint) << endpoint.status().to_string();
+    endpoint_ = *endpoint;
+  }
+
+  void TearDown() override {
+    transport_.reset();
+    receiver_.reset();
+  }
+
+  // Sends and returns a future-like slot filled by the completion callback.
+  struct Completion {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<Status> status;
+    bool wait(std::chrono::milliseconds timeout) {
+      std::unique_lock lock(mutex);
+      return done.wait_for(lock, timeout, [&] { return status.has_value(); });
+    }
+  };
+
+  std::shared_ptr<Completion> send(std::uint64_t index, std::uint64_t bytes, std::uint32_t flags, Duration deadline) {
+    auto completion = std::make_shared<Completion>();
+    TestHeader header;
+    header.index = index;
+    header.landing_length = bytes;
+    header.flags = flags;
+    auto status = transport_->send(endpoint_, as_bytes(header), region_, 0, bytes, clock_->now() + deadline,
+                                   [completion](Status result) {
+                                     std::lock_guard lock(completion->mutex);
+                                     completion->status = result;
+                                     completion->done.notify_all();
+                                   });
+    EXPECT_TRUE(status) << status.to_string();
+    return completion;
+  }
+
+  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
+  std::optional<pool::Slab> slab_;
+  std::unique_ptr<ChildProcess> receiver_;
+  std::unique_ptr<Transport> transport_;
+  RegionHandle region_;
+  EndpointHandle endpoint_;
+  std::atomic<int> peer_failures_{0};
+};
+
+TEST_P(SenderTest, DeliversAndTheReceiverVerifies) {
+  auto completion = send(1, 5'000'000, 0, 30s);
+  ASSERT_TRUE(completion->wait(30s));
+  EXPECT_TRUE(completion->status->is_ok()) << completion->status->to_string();
+  auto line = receiver_->read_line(30s);
+  EXPECT_EQ(line.value_or(""), "landed 1 ok verified");
+}
+
+TEST_P(SenderTest, StuckReceiverFailsTheSendAtItsDeadline) {
+  auto completion = send(2, 8'000'000, kStall, 5s);
+  auto line = receiver_->read_line(30s);
+  ASSERT_EQ(line.value_or(""), "stalled 2");
+  EXPECT_FALSE(completion->wait(50ms)) << "completed before its deadline";
+  clock_->advance(6s);  // past the deadline; the progress thread notices within its idle sleep
+  ASSERT_TRUE(completion->wait(30s)) << "no completion after the deadline passed";
+  EXPECT_EQ(completion->status->code(), StatusCode::timeout) << completion->status->to_string();
+  EXPECT_EQ(transport_->stats().deadline_expiries, 1u);
+  // The endpoint was discarded; a fresh connect() is needed and works.
+  auto fresh = send(3, 1000, 0, 5s);
+  ASSERT_TRUE(fresh->wait(30s));
+  EXPECT_FALSE(fresh->status->is_ok());
+}
+
+TEST_P(SenderTest, KilledReceiverFailsTheSendBeforeItsDeadline) {
+  auto completion = send(4, 8'000'000, kStall, 30s);
+  auto line = receiver_->read_line(30s);
+  ASSERT_EQ(line.value_or(""), "stalled 4");
+  receiver_->kill();
+  // No clock advance: the failure must come from UCX noticing the dead peer.
+  ASSERT_TRUE(completion->wait(30s)) << "the sender never learned that its peer died";
+  EXPECT_FALSE(completion->status->is_ok());
+  EXPECT_EQ(completion->status->code(), StatusCode::unavailable) << completion->status->to_string();
+  for (int i = 0; i < 1000 && peer_failures_.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(peer_failures_.load(), 1) << "the endpoint's failure was not reported";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, SenderTest, ::testing::ValuesIn(kVariants), variant_name);
+
+TEST(Address, SplitsAndFormatsHostPort) {
+  auto v4 = detail::split_host_port("127.0.0.1:4000");
+  ASSERT_TRUE(v4);
+  EXPECT_EQ(v4->host, "127.0.0.1");
+  EXPECT_EQ(v4->port, 4000);
+  auto v6 = detail::split_host_port("[::1]:80");
+  ASSERT_TRUE(v6);
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(detail::format_host_port("::1", 80), "[::1]:80");
+  EXPECT_FALSE(detail::split_host_port("::1:80"));
+  EXPECT_FALSE(detail::split_host_port("host:99999"));
+  EXPECT_FALSE(detail::split_host_port("host"));
+}
+
+}  // namespace
+}  // namespace ecx::transport::testing
