@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "ecx/core/logging.h"
 #include "reservation_test_util.h"
 
 namespace ecx::consumer {
@@ -211,6 +212,11 @@ struct Coverage {
 
 Coverage run_sequences(LandingMode mode, int sequences, int steps) {
   Coverage coverage;
+  struct QuietLogs {  // the random walk triggers thousands of expected warnings
+    spdlog::level::level_enum saved = log::level();
+    QuietLogs() { log::set_level(spdlog::level::err); }
+    ~QuietLogs() { log::set_level(saved); }
+  } quiet;
   const std::uint64_t base = base_seed();
   for (int i = 0; i < sequences; ++i) {
     const std::uint64_t seed = base + static_cast<std::uint64_t>(i);

@@ -1,0 +1,209 @@
+#pragma once
+// The producer's push state: one record per pushed transfer, from "reserve on every
+// shard of the consumer" to "payload delivered" (or failed / cancelled). Pure logic:
+// it performs no I/O. Every call returns the Actions the caller must perform (send
+// reserves, send payloads, send abandon cancels, release sources) and later reports
+// their results back. Thread-safe; time from an injected Clock.
+//
+// Rules it enforces:
+//   - the reservation on all shards and the source tensor may arrive in either
+//     order; the payload goes out when both are there (no waiting for a model step);
+//   - a partial reserve failure abandons the shards that did reserve;
+//   - retry_after is retried until the push deadline (back-pressure, not failure);
+//   - a source is released only when no payload send may still read it;
+//   - failures are reported through drain_failures(), never thrown;
+//   - pushes that never got a source are cancelled when their requests finish.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "ecx/core/clock.h"
+#include "ecx/core/config.h"
+#include "ecx/core/ids.h"
+#include "ecx/core/status.h"
+#include "ecx/core/tensor_spec.h"
+
+namespace ecx::producer {
+
+// Identifies one encoder output the caller holds (e.g. a staging region or a
+// registered tensor); chosen by the caller, opaque here.
+using SourceId = std::uint64_t;
+
+struct PushSpec {
+  std::string transfer_id;
+  std::string mm_hash;
+  std::string consumer_address;  // base control address of the consumer's first shard
+  TensorSpec spec;
+  std::string request_id;
+};
+
+enum class PushState : unsigned char { waiting_inputs, writing, done, cancel_pending, cancelled, failed };
+inline constexpr std::size_t kPushStateCount = 6;
+std::string_view push_state_name(PushState state) noexcept;
+bool is_terminal(PushState state) noexcept;
+bool push_transition_allowed(PushState from, PushState to) noexcept;
+
+enum class ShardState : unsigned char {
+  reserving,   // reserve sent, no reply yet
+  retry_wait,  // the consumer's pool was full; reserve again later
+  reserved,    // this producer must send the payload to this shard
+  no_write,    // follower, already landed/cached, or cancelled by the consumer
+  refreshing,  // re-reserving a destination that got old (abandon+refresh sent)
+  sending,     // payload in flight
+  sent,        // payload delivered
+  refused,     // the reserve failed
+  abandoning,  // abandon cancel in flight
+  released,    // nothing held on the consumer for this push
+};
+std::string_view shard_state_name(ShardState state) noexcept;
+
+// The consumer's answer to a reserve, as the control client reports it.
+namespace reply {
+struct Reserved {
+  ReservationId reservation_id;
+  std::uint64_t generation = 0;
+  std::uint64_t slot_offset = 0;
+  bool write = true;
+};
+struct Ready {
+  ReservationId reservation_id;
+};
+struct Cancelled {};
+struct RetryAfter {
+  Duration delay{};
+};
+struct Refused {
+  Status status;  // includes transport failures (timeouts, unreachable shard)
+};
+}  // namespace reply
+using ReserveReply = std::variant<reply::Reserved, reply::Ready, reply::Cancelled, reply::RetryAfter, reply::Refused>;
+
+// --- actions for the caller
+struct ReserveCommand {
+  std::string transfer_id;
+  int shard = 0;
+  std::string consumer_address;
+  std::string mm_hash;
+  TensorSpec spec;
+};
+struct PayloadCommand {
+  std::string transfer_id;
+  int shard = 0;
+  std::string consumer_address;
+  SourceId source = 0;
+  ReservationId reservation_id;
+  std::uint64_t generation = 0;
+  std::uint64_t slot_offset = 0;
+  std::uint64_t nbytes = 0;
+};
+struct CancelCommand {
+  std::string transfer_id;
+  int shard = 0;
+  std::string consumer_address;
+  ReservationId reservation_id;  // none: whatever the shard holds for the transfer
+  bool refresh = false;          // always an abandon (the producer gives up the destination)
+};
+struct Actions {
+  std::vector<ReserveCommand> reserves;
+  std::vector<PayloadCommand> payloads;
+  std::vector<CancelCommand> cancels;
+  std::vector<SourceId> release_sources;
+
+  bool empty() const noexcept {
+    return reserves.empty() && payloads.empty() && cancels.empty() && release_sources.empty();
+  }
+  void append(Actions&& other);
+};
+
+struct FailedSave {
+  std::string transfer_id;
+  std::string mm_hash;
+  std::vector<std::string> request_ids;
+  std::string reason;
+};
+
+struct PushOptions {
+  Duration push_deadline = std::chrono::seconds(60);   // reserve retries and inputs must finish by then
+  Duration refresh_after = std::chrono::seconds(150);  // re-reserve destinations older than this before sending
+  std::uint64_t terminal_limit = 65'536;               // terminal records kept for idempotency
+  std::uint64_t failure_queue_max = 65'536;
+  int cancel_attempts = 2;
+  int max_shards = 64;
+  // push_wait_timeout_s as the deadline, reservation_ttl_s / 2 as refresh_after.
+  static PushOptions from_config(const Config& config);
+};
+
+struct PushCounters {
+  std::uint64_t started = 0;
+  std::uint64_t duplicates = 0;
+  std::uint64_t conflicts = 0;
+  std::uint64_t done = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t cancelled = 0;
+  std::uint64_t retry_afters = 0;
+  std::uint64_t refreshes = 0;
+  std::uint64_t payloads_sent = 0;
+  std::uint64_t payloads_failed = 0;
+  std::uint64_t abandons_sent = 0;
+  std::uint64_t abandons_failed = 0;
+  std::uint64_t late_replies = 0;
+  std::uint64_t invalid_transitions = 0;
+  std::uint64_t failures_dropped = 0;
+  // gauges
+  std::uint64_t active = 0;
+  std::uint64_t terminal_records = 0;
+  std::uint64_t sources_held = 0;
+  std::uint64_t io_in_flight = 0;  // reserves + payloads + cancels awaiting a result
+};
+
+namespace detail {
+class PushCore;
+}
+
+class PushManager {
+ public:
+  PushManager(PushOptions options, std::shared_ptr<const Clock> clock);
+  ~PushManager();
+  PushManager(const PushManager&) = delete;
+  PushManager& operator=(const PushManager&) = delete;
+
+  // A new push to `shard_count` consumer shards: reserves go to every shard at once.
+  // The same transfer with the same destination (another request sharing the
+  // encoding) adds its request and returns no actions; a different destination is a
+  // conflict that fails only the newcomer.
+  Result<Actions> start(const PushSpec& spec, int shard_count);
+  Actions on_reserve_reply(std::string_view transfer_id, int shard, const ReserveReply& reply);
+  // The encoder output for mm_hash exists; every waiting push of that content takes
+  // it (a size mismatch fails the push). Unused sources come straight back.
+  Actions bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes);
+  Actions on_payload_result(std::string_view transfer_id, int shard, const Status& result);
+  Actions on_cancel_result(std::string_view transfer_id, int shard, const Status& result);
+  // The requests finished: their pushes that never got a source are cancelled (a
+  // push whose source is bound proceeds: the consumer may still want it).
+  Actions cancel_requests(std::span<const std::string> request_ids);
+  // Shutdown: cancel every push without a source.
+  Actions cancel_sourceless();
+  // Due reserve retries and push deadlines.
+  Actions tick();
+  // When tick() next has something to do (the dispatcher sleeps until then).
+  std::optional<TimePoint> next_wakeup() const;
+
+  std::vector<FailedSave> drain_failures();
+  std::optional<PushState> state_of(std::string_view transfer_id) const;
+  std::optional<ShardState> shard_state_of(std::string_view transfer_id, int shard) const;
+  // Any push not terminal, or any I/O still outstanding.
+  bool pending() const;
+  PushCounters counters() const;
+  Status check_invariants() const;
+
+ private:
+  std::unique_ptr<detail::PushCore> core_;
+};
+
+}  // namespace ecx::producer

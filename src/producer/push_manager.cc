@@ -1,0 +1,793 @@
+#include "ecx/producer/push_manager.h"
+
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "ecx/core/logging.h"
+
+namespace ecx::producer {
+
+using P = PushState;
+using Sh = ShardState;
+
+namespace {
+
+constexpr std::size_t index(P s) { return static_cast<std::size_t>(s); }
+
+constexpr auto make_table() {
+  std::array<std::array<bool, kPushStateCount>, kPushStateCount> t{};
+  auto allow = [&t](P from, std::initializer_list<P> tos) {
+    for (P to : tos) t[index(from)][index(to)] = true;
+  };
+  // waiting_inputs -> done/cancelled when no shard needs a payload (all followers,
+  // cached or cancelled by the consumer): nothing to wait for.
+  allow(P::waiting_inputs, {P::writing, P::done, P::cancel_pending, P::cancelled, P::failed});
+  allow(P::writing, {P::done, P::failed});
+  allow(P::cancel_pending, {P::cancelled, P::failed});
+  return t;
+}
+constexpr auto kTable = make_table();
+
+}  // namespace
+
+std::string_view push_state_name(PushState state) noexcept {
+  switch (state) {
+    case P::waiting_inputs:
+      return "waiting_inputs";
+    case P::writing:
+      return "writing";
+    case P::done:
+      return "done";
+    case P::cancel_pending:
+      return "cancel_pending";
+    case P::cancelled:
+      return "cancelled";
+    case P::failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+bool is_terminal(PushState state) noexcept { return state == P::done || state == P::cancelled || state == P::failed; }
+
+bool push_transition_allowed(PushState from, PushState to) noexcept {
+  if (index(from) >= kPushStateCount || index(to) >= kPushStateCount) return false;
+  return kTable[index(from)][index(to)];
+}
+
+std::string_view shard_state_name(ShardState state) noexcept {
+  switch (state) {
+    case Sh::reserving:
+      return "reserving";
+    case Sh::retry_wait:
+      return "retry_wait";
+    case Sh::reserved:
+      return "reserved";
+    case Sh::no_write:
+      return "no_write";
+    case Sh::refreshing:
+      return "refreshing";
+    case Sh::sending:
+      return "sending";
+    case Sh::sent:
+      return "sent";
+    case Sh::refused:
+      return "refused";
+    case Sh::abandoning:
+      return "abandoning";
+    case Sh::released:
+      return "released";
+  }
+  return "unknown";
+}
+
+void Actions::append(Actions&& other) {
+  auto move_all = [](auto& to, auto& from) { std::move(from.begin(), from.end(), std::back_inserter(to)); };
+  move_all(reserves, other.reserves);
+  move_all(payloads, other.payloads);
+  move_all(cancels, other.cancels);
+  move_all(release_sources, other.release_sources);
+}
+
+PushOptions PushOptions::from_config(const Config& config) {
+  PushOptions o;
+  o.push_deadline = config.push_wait_timeout();
+  o.refresh_after = config.reservation_ttl() / 2;
+  return o;
+}
+
+namespace detail {
+
+namespace {
+
+using TimeIndex = std::multimap<TimePoint, std::string>;
+
+struct Shard {
+  Sh state = Sh::reserving;
+  bool io = false;     // a reserve, payload or cancel for this shard awaits its result
+  bool holds = false;  // the consumer holds a reservation of ours on this shard
+  bool consumer_cancelled = false;
+  ReservationId reservation_id;
+  std::uint64_t generation = 0;
+  std::uint64_t slot_offset = 0;
+  TimePoint reserved_at{};
+  int cancel_attempts = 0;
+  std::optional<TimeIndex::iterator> retry;
+};
+
+struct Push {
+  explicit Push(PushSpec push_spec) : spec(std::move(push_spec)) {}
+
+  PushSpec spec;
+  std::set<std::string> requests;
+  P state = P::waiting_inputs;
+  std::vector<Shard> shards;
+  std::optional<SourceId> source;
+  std::optional<TimeIndex::iterator> deadline;
+  bool failing = false;  // failed while payloads were in flight; ends when they report
+  std::string error;
+};
+
+bool same_destination(const PushSpec& a, const PushSpec& b) {
+  return a.mm_hash == b.mm_hash && a.consumer_address == b.consumer_address && a.spec == b.spec;
+}
+
+std::string retry_key(std::string_view tid, int shard) { return fmt::format("{}\x1f{}", tid, shard); }
+
+}  // namespace
+
+class PushCore {
+ public:
+  PushCore(PushOptions options, std::shared_ptr<const Clock> clock)
+      : options_(std::move(options)), clock_(std::move(clock)), log_(log::get("producer")) {}
+
+  Result<Actions> start(const PushSpec& spec, int shard_count);
+  Actions on_reserve_reply(std::string_view tid, int shard, const ReserveReply& reply);
+  Actions bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes);
+  Actions on_payload_result(std::string_view tid, int shard, const Status& result);
+  Actions on_cancel_result(std::string_view tid, int shard, const Status& result);
+  Actions cancel_requests(std::span<const std::string> request_ids, bool all);
+  Actions tick();
+  std::optional<TimePoint> next_wakeup() const;
+  std::vector<FailedSave> drain_failures();
+  std::optional<P> state_of(std::string_view tid) const;
+  std::optional<Sh> shard_state_of(std::string_view tid, int shard) const;
+  bool pending() const;
+  PushCounters counters() const;
+  Status check_invariants() const;
+
+ private:
+  TimePoint now() const { return clock_->now(); }
+  Push* find(std::string_view tid) {
+    auto it = pushes_.find(std::string(tid));
+    return it == pushes_.end() ? nullptr : &it->second;
+  }
+  Shard* shard_of(Push* p, int shard) {
+    if (p == nullptr || shard < 0 || static_cast<std::size_t>(shard) >= p->shards.size()) return nullptr;
+    return &p->shards[static_cast<std::size_t>(shard)];
+  }
+  bool transition(Push& p, P to);
+  void step(Push& p, Actions& out);
+  void fail(Push& p, std::string reason, Actions& out);
+  void finish(Push& p, P to, Actions& out);
+  void abandon_held(Push& p, Actions& out);
+  void send_abandon(Push& p, int shard, bool refresh, Actions& out);
+  void send_reserve(Push& p, int shard, Actions& out);
+  void clear_retry(Shard& s);
+  void settle_cancel(Push& p, Actions& out);
+  void release_source(Push& p, Actions& out);
+  void unindex_waiting(Push& p);
+  void enforce_terminal_limit();
+
+  PushOptions options_;
+  std::shared_ptr<const Clock> clock_;
+  std::shared_ptr<spdlog::logger> log_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Push> pushes_;
+  std::unordered_map<std::string, std::set<std::string>> sourceless_by_hash_;  // waiting, no source yet
+  std::unordered_map<std::string, std::set<std::string>> by_request_;          // active pushes per request
+  std::unordered_map<SourceId, std::uint64_t> source_refs_;
+  TimeIndex deadlines_;  // waiting_inputs pushes
+  TimeIndex retries_;    // shards in retry_wait, keyed by retry_key
+  std::deque<std::string> terminal_order_;
+  std::deque<FailedSave> failures_;
+  std::uint64_t io_in_flight_ = 0;
+  PushCounters counters_;
+};
+
+bool PushCore::transition(Push& p, P to) {
+  if (push_transition_allowed(p.state, to)) {
+    p.state = to;
+    return true;
+  }
+  ++counters_.invalid_transitions;
+  log_->error("invalid push transition {} -> {} for transfer_id={} (mm_hash={})", push_state_name(p.state),
+              push_state_name(to), p.spec.transfer_id, p.spec.mm_hash);
+  return false;
+}
+
+void PushCore::send_reserve(Push& p, int shard, Actions& out) {
+  Shard& s = p.shards[static_cast<std::size_t>(shard)];
+  clear_retry(s);
+  s.state = Sh::reserving;
+  s.io = true;
+  ++io_in_flight_;
+  out.reserves.push_back(
+      ReserveCommand{p.spec.transfer_id, shard, p.spec.consumer_address, p.spec.mm_hash, p.spec.spec});
+}
+
+void PushCore::send_abandon(Push& p, int shard, bool refresh, Actions& out) {
+  Shard& s = p.shards[static_cast<std::size_t>(shard)];
+  s.state = refresh ? Sh::refreshing : Sh::abandoning;
+  s.io = true;
+  ++s.cancel_attempts;
+  ++io_in_flight_;
+  ++counters_.abandons_sent;
+  out.cancels.push_back(CancelCommand{p.spec.transfer_id, shard, p.spec.consumer_address, s.reservation_id, refresh});
+}
+
+void PushCore::clear_retry(Shard& s) {
+  if (s.retry) {
+    retries_.erase(*s.retry);
+    s.retry.reset();
+  }
+}
+
+// Give back whatever the consumer holds for us; shards with a reserve in flight are
+// abandoned when their reply arrives.
+void PushCore::abandon_held(Push& p, Actions& out) {
+  for (std::size_t i = 0; i < p.shards.size(); ++i) {
+    Shard& s = p.shards[i];
+    if (s.io) continue;
+    clear_retry(s);
+    if (s.holds && s.state != Sh::sent) {
+      s.cancel_attempts = 0;
+      send_abandon(p, static_cast<int>(i), false, out);
+    } else if (s.state != Sh::sent) {
+      s.state = Sh::released;
+    }
+  }
+}
+
+void PushCore::release_source(Push& p, Actions& out) {
+  if (!p.source) return;
+  for (const Shard& s : p.shards) {
+    if (s.state == Sh::sending) return;  // a send may still read it
+  }
+  const SourceId id = *p.source;
+  p.source.reset();
+  auto it = source_refs_.find(id);
+  if (it != source_refs_.end() && --it->second == 0) {
+    source_refs_.erase(it);
+    out.release_sources.push_back(id);
+  }
+}
+
+void PushCore::unindex_waiting(Push& p) {
+  if (p.deadline) {
+    deadlines_.erase(*p.deadline);
+    p.deadline.reset();
+  }
+  if (auto it = sourceless_by_hash_.find(p.spec.mm_hash); it != sourceless_by_hash_.end()) {
+    it->second.erase(p.spec.transfer_id);
+    if (it->second.empty()) sourceless_by_hash_.erase(it);
+  }
+}
+
+void PushCore::finish(Push& p, P to, Actions& out) {
+  if (!transition(p, to)) {
+    if (is_terminal(p.state)) return;
+    p.state = P::failed;  // an unexpected path fails only this push
+    if (p.error.empty()) p.error = "internal: invalid transition";
+  }
+  unindex_waiting(p);
+  for (Shard& s : p.shards) clear_retry(s);
+  for (const std::string& r : p.requests) {
+    if (auto it = by_request_.find(r); it != by_request_.end()) {
+      it->second.erase(p.spec.transfer_id);
+      if (it->second.empty()) by_request_.erase(it);
+    }
+  }
+  release_source(p, out);
+  switch (p.state) {
+    case P::done:
+      ++counters_.done;
+      break;
+    case P::cancelled:
+      ++counters_.cancelled;
+      break;
+    default: {
+      ++counters_.failed;
+      if (failures_.size() >= options_.failure_queue_max) {
+        failures_.pop_front();
+        ++counters_.failures_dropped;
+      }
+      failures_.push_back(FailedSave{p.spec.transfer_id, p.spec.mm_hash,
+                                     std::vector<std::string>(p.requests.begin(), p.requests.end()), p.error});
+      log_->warn("push of mm_hash={} (transfer_id={}) failed: {}", p.spec.mm_hash, p.spec.transfer_id, p.error);
+      break;
+    }
+  }
+  terminal_order_.push_back(p.spec.transfer_id);
+  enforce_terminal_limit();
+}
+
+void PushCore::enforce_terminal_limit() {
+  // Records with I/O outstanding stay until it reports (a late reply must still be
+  // able to abandon what it reserved); the bound holds once I/O settles.
+  std::size_t scanned = 0;
+  while (terminal_order_.size() > options_.terminal_limit && scanned < terminal_order_.size()) {
+    const std::string tid = terminal_order_.front();
+    terminal_order_.pop_front();
+    auto it = pushes_.find(tid);
+    if (it == pushes_.end()) continue;
+    const bool busy =
+        std::any_of(it->second.shards.begin(), it->second.shards.end(), [](const Shard& s) { return s.io; });
+    if (busy) {
+      terminal_order_.push_back(tid);
+      ++scanned;
+      continue;
+    }
+    pushes_.erase(it);
+  }
+}
+
+void PushCore::fail(Push& p, std::string reason, Actions& out) {
+  if (p.error.empty()) p.error = std::move(reason);
+  if (p.state == P::writing) {
+    p.failing = true;
+    step(p, out);
+    return;
+  }
+  if (is_terminal(p.state)) return;
+  abandon_held(p, out);
+  finish(p, P::failed, out);
+}
+
+// Re-evaluates a push after anything about it changed.
+void PushCore::step(Push& p, Actions& out) {
+  if (p.state == P::waiting_inputs) {
+    bool resolved = true;
+    bool any_write = false;
+    bool all_cancelled = true;
+    for (const Shard& s : p.shards) {
+      if (s.state == Sh::refused) {
+        fail(p, p.error.empty() ? "a shard refused the reservation" : p.error, out);
+        return;
+      }
+      if (s.state != Sh::reserved && s.state != Sh::no_write) resolved = false;
+      if (s.state == Sh::reserved) any_write = true;
+      if (!s.consumer_cancelled) all_cancelled = false;
+    }
+    if (!resolved) return;
+    if (!any_write) {
+      // Every shard already has the content (or does not want it): nothing to send.
+      for (Shard& s : p.shards) s.holds = false;  // READY/follower records belong to the consumer now
+      finish(p, all_cancelled ? P::cancelled : P::done, out);
+      return;
+    }
+    if (!p.source) return;
+    const TimePoint t = now();
+    bool refreshing = false;
+    for (std::size_t i = 0; i < p.shards.size(); ++i) {
+      Shard& s = p.shards[i];
+      if (s.state == Sh::reserved && t - s.reserved_at >= options_.refresh_after) {
+        // An old destination may be close to its TTL on the consumer: give it up and
+        // reserve again before writing.
+        ++counters_.refreshes;
+        s.cancel_attempts = 0;
+        send_abandon(p, static_cast<int>(i), true, out);
+        refreshing = true;
+      }
+    }
+    if (refreshing) return;
+    if (!transition(p, P::writing)) return;
+    unindex_waiting(p);
+    for (std::size_t i = 0; i < p.shards.size(); ++i) {
+      Shard& s = p.shards[i];
+      if (s.state == Sh::no_write) {
+        s.holds = false;
+        continue;
+      }
+      s.state = Sh::sending;
+      s.io = true;
+      ++io_in_flight_;
+      ++counters_.payloads_sent;
+      out.payloads.push_back(PayloadCommand{p.spec.transfer_id, static_cast<int>(i), p.spec.consumer_address, *p.source,
+                                            s.reservation_id, s.generation, s.slot_offset, p.spec.spec.nbytes()});
+    }
+    return;
+  }
+  if (p.state == P::writing) {
+    for (const Shard& s : p.shards) {
+      if (s.state == Sh::sending) return;
+    }
+    if (p.failing) {
+      abandon_held(p, out);  // shards whose payload failed still hold a reservation
+      finish(p, P::failed, out);
+    } else {
+      finish(p, P::done, out);
+    }
+    return;
+  }
+  if (p.state == P::cancel_pending) settle_cancel(p, out);
+}
+
+void PushCore::settle_cancel(Push& p, Actions& out) {
+  for (const Shard& s : p.shards) {
+    if (s.io) return;
+  }
+  finish(p, P::cancelled, out);
+}
+
+Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
+  ECX_RETURN_IF_ERROR(validate_transfer_id(spec.transfer_id));
+  ECX_RETURN_IF_ERROR(validate_mm_hash(spec.mm_hash));
+  if (shard_count < 1 || shard_count > options_.max_shards) {
+    return invalid_argument(fmt::format("shard_count {} outside 1..{}", shard_count, options_.max_shards));
+  }
+  std::lock_guard lock(mu_);
+  Actions out;
+  if (Push* p = find(spec.transfer_id)) {
+    if (!same_destination(p->spec, spec) || p->shards.size() != static_cast<std::size_t>(shard_count)) {
+      ++counters_.conflicts;
+      log_->warn("rejected conflicting push: transfer_id={} already pushes mm_hash={} to {}; refusing mm_hash={} to {}",
+                 spec.transfer_id, p->spec.mm_hash, p->spec.consumer_address, spec.mm_hash, spec.consumer_address);
+      return conflict(fmt::format("conflicting destination for transfer_id={}", spec.transfer_id));
+    }
+    // The same encoding requested again shares the push.
+    ++counters_.duplicates;
+    if (!is_terminal(p->state) && !spec.request_id.empty() && p->requests.insert(spec.request_id).second) {
+      by_request_[spec.request_id].insert(spec.transfer_id);
+    }
+    return out;
+  }
+  Push p(spec);
+  if (!spec.request_id.empty()) p.requests.insert(spec.request_id);
+  p.shards.resize(static_cast<std::size_t>(shard_count));
+  auto [it, inserted] = pushes_.emplace(spec.transfer_id, std::move(p));
+  (void)inserted;
+  Push& push = it->second;
+  push.deadline = deadlines_.emplace(now() + options_.push_deadline, spec.transfer_id);
+  sourceless_by_hash_[spec.mm_hash].insert(spec.transfer_id);
+  if (!spec.request_id.empty()) by_request_[spec.request_id].insert(spec.transfer_id);
+  ++counters_.started;
+  for (int i = 0; i < shard_count; ++i) send_reserve(push, i, out);
+  return out;
+}
+
+Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const ReserveReply& reply) {
+  std::lock_guard lock(mu_);
+  Actions out;
+  Push* p = find(tid);
+  Shard* s = shard_of(p, shard);
+  if (s == nullptr || s->state != Sh::reserving || !s->io) {
+    ++counters_.late_replies;
+    return out;
+  }
+  s->io = false;
+  --io_in_flight_;
+  if (const auto* r = std::get_if<reply::Reserved>(&reply)) {
+    s->holds = true;
+    s->reservation_id = r->reservation_id;
+    s->generation = r->generation;
+    s->slot_offset = r->slot_offset;
+    s->reserved_at = now();
+    s->state = r->write ? Sh::reserved : Sh::no_write;
+  } else if (const auto* ready = std::get_if<reply::Ready>(&reply)) {
+    s->holds = true;
+    s->reservation_id = ready->reservation_id;
+    s->state = Sh::no_write;
+  } else if (std::holds_alternative<reply::Cancelled>(reply)) {
+    s->consumer_cancelled = true;
+    s->state = Sh::no_write;
+  } else if (const auto* retry = std::get_if<reply::RetryAfter>(&reply)) {
+    ++counters_.retry_afters;
+    const TimePoint at = now() + retry->delay;
+    if (p->state == P::waiting_inputs && p->deadline && at < (*p->deadline)->first) {
+      s->state = Sh::retry_wait;
+      s->retry = retries_.emplace(at, retry_key(tid, shard));
+      return out;
+    }
+    s->state = Sh::refused;
+    if (p->error.empty()) p->error = "the consumer's pool stayed full until the push deadline";
+  } else {
+    s->state = Sh::refused;
+    if (p->error.empty()) {
+      p->error = fmt::format("shard {} refused the reservation: {}", shard,
+                             std::get<reply::Refused>(reply).status.to_string());
+    }
+  }
+  if (p->state == P::waiting_inputs) {
+    step(*p, out);
+    return out;
+  }
+  // The push ended (failed or cancelled) while this reserve was in flight.
+  if (s->holds && s->state != Sh::refused) {
+    s->cancel_attempts = 0;
+    send_abandon(*p, shard, false, out);
+  } else {
+    s->state = Sh::released;
+  }
+  if (p->state == P::cancel_pending) settle_cancel(*p, out);
+  return out;
+}
+
+Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes) {
+  std::lock_guard lock(mu_);
+  Actions out;
+  std::vector<std::string> waiting;
+  if (auto it = sourceless_by_hash_.find(std::string(mm_hash)); it != sourceless_by_hash_.end()) {
+    waiting.assign(it->second.begin(), it->second.end());
+  }
+  bool used = false;
+  for (const std::string& tid : waiting) {
+    Push* p = find(tid);
+    if (p == nullptr || p->state != P::waiting_inputs || p->source) continue;
+    if (p->spec.spec.nbytes() != nbytes) {
+      fail(*p,
+           fmt::format("source for mm_hash={} has {} bytes, the push expects {}", mm_hash, nbytes,
+                       p->spec.spec.nbytes()),
+           out);
+      continue;
+    }
+    if (auto it = sourceless_by_hash_.find(p->spec.mm_hash); it != sourceless_by_hash_.end()) {
+      it->second.erase(tid);
+      if (it->second.empty()) sourceless_by_hash_.erase(it);
+    }
+    p->source = source;
+    ++source_refs_[source];
+    used = true;
+    step(*p, out);
+  }
+  if (!used && !source_refs_.contains(source)) out.release_sources.push_back(source);
+  return out;
+}
+
+Actions PushCore::on_payload_result(std::string_view tid, int shard, const Status& result) {
+  std::lock_guard lock(mu_);
+  Actions out;
+  Push* p = find(tid);
+  Shard* s = shard_of(p, shard);
+  if (s == nullptr || s->state != Sh::sending) {
+    ++counters_.late_replies;
+    return out;
+  }
+  s->io = false;
+  --io_in_flight_;
+  if (result.is_ok()) {
+    s->state = Sh::sent;
+    s->holds = false;  // the landed slot is the consumer's now
+  } else {
+    ++counters_.payloads_failed;
+    s->state = Sh::reserved;  // the reservation is still ours: abandon it
+    if (p->error.empty()) p->error = fmt::format("payload to shard {} failed: {}", shard, result.to_string());
+    p->failing = true;
+  }
+  step(*p, out);
+  return out;
+}
+
+Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status& result) {
+  std::lock_guard lock(mu_);
+  Actions out;
+  Push* p = find(tid);
+  Shard* s = shard_of(p, shard);
+  if (s == nullptr || !s->io || (s->state != Sh::abandoning && s->state != Sh::refreshing)) {
+    ++counters_.late_replies;
+    return out;
+  }
+  s->io = false;
+  --io_in_flight_;
+  if (s->state == Sh::refreshing) {
+    if (p->state == P::waiting_inputs) {
+      s->holds = false;
+      send_reserve(*p, shard, out);  // the fresh reservation replaces the old one
+      return out;
+    }
+    s->state = Sh::abandoning;  // the push ended meanwhile: the refresh was the abandon
+  }
+  if (!result.is_ok() && s->cancel_attempts < options_.cancel_attempts) {
+    send_abandon(*p, shard, false, out);
+    return out;
+  }
+  if (!result.is_ok()) {
+    ++counters_.abandons_failed;
+    log_->warn("could not abandon shard {} of transfer_id={}: {}; the consumer's TTL releases it", shard, tid,
+               result.to_string());
+  }
+  s->holds = false;
+  s->state = Sh::released;
+  if (p->state == P::cancel_pending) settle_cancel(*p, out);
+  return out;
+}
+
+Actions PushCore::cancel_requests(std::span<const std::string> request_ids, bool all) {
+  std::lock_guard lock(mu_);
+  Actions out;
+  std::vector<std::string> candidates;
+  if (all) {
+    for (const auto& [tid, p] : pushes_) {
+      if (p.state == P::waiting_inputs && !p.source) candidates.push_back(tid);
+    }
+  } else {
+    for (const std::string& r : request_ids) {
+      auto it = by_request_.find(r);
+      if (it == by_request_.end()) continue;
+      for (const std::string& tid : it->second) {
+        if (Push* p = find(tid)) {
+          p->requests.erase(r);
+          if (p->requests.empty()) candidates.push_back(tid);
+        }
+      }
+      by_request_.erase(it);
+    }
+  }
+  for (const std::string& tid : candidates) {
+    Push* p = find(tid);
+    if (p == nullptr || p->state != P::waiting_inputs || p->source) continue;
+    if (!transition(*p, P::cancel_pending)) continue;
+    unindex_waiting(*p);
+    abandon_held(*p, out);
+    settle_cancel(*p, out);
+  }
+  return out;
+}
+
+Actions PushCore::tick() {
+  std::lock_guard lock(mu_);
+  Actions out;
+  const TimePoint t = now();
+  while (!retries_.empty() && retries_.begin()->first <= t) {
+    const std::string key = retries_.begin()->second;
+    retries_.erase(retries_.begin());
+    const auto sep = key.rfind('\x1f');
+    const std::string tid = key.substr(0, sep);
+    const int shard = std::stoi(key.substr(sep + 1));
+    Push* p = find(tid);
+    Shard* s = shard_of(p, shard);
+    if (s == nullptr) continue;
+    s->retry.reset();
+    if (p->state == P::waiting_inputs && s->state == Sh::retry_wait) send_reserve(*p, shard, out);
+  }
+  while (!deadlines_.empty() && deadlines_.begin()->first <= t) {
+    const std::string tid = deadlines_.begin()->second;
+    Push* p = find(tid);
+    if (p == nullptr) {
+      deadlines_.erase(deadlines_.begin());
+      continue;
+    }
+    bool retrying = false;
+    for (const Shard& s : p->shards) retrying = retrying || s.state == Sh::retry_wait;
+    std::string reason = retrying     ? "the consumer's pool stayed full until the push deadline"
+                         : !p->source ? "the encoder output did not arrive before the push deadline"
+                                      : "the reservation did not resolve on every shard before the push deadline";
+    unindex_waiting(*p);
+    fail(*p, std::move(reason), out);
+  }
+  return out;
+}
+
+std::optional<TimePoint> PushCore::next_wakeup() const {
+  std::lock_guard lock(mu_);
+  std::optional<TimePoint> next;
+  if (!retries_.empty()) next = retries_.begin()->first;
+  if (!deadlines_.empty() && (!next || deadlines_.begin()->first < *next)) next = deadlines_.begin()->first;
+  return next;
+}
+
+std::vector<FailedSave> PushCore::drain_failures() {
+  std::lock_guard lock(mu_);
+  std::vector<FailedSave> out(std::make_move_iterator(failures_.begin()), std::make_move_iterator(failures_.end()));
+  failures_.clear();
+  return out;
+}
+
+std::optional<P> PushCore::state_of(std::string_view tid) const {
+  std::lock_guard lock(mu_);
+  auto it = pushes_.find(std::string(tid));
+  if (it == pushes_.end()) return std::nullopt;
+  return it->second.state;
+}
+
+std::optional<Sh> PushCore::shard_state_of(std::string_view tid, int shard) const {
+  std::lock_guard lock(mu_);
+  auto it = pushes_.find(std::string(tid));
+  if (it == pushes_.end() || shard < 0 || static_cast<std::size_t>(shard) >= it->second.shards.size()) {
+    return std::nullopt;
+  }
+  return it->second.shards[static_cast<std::size_t>(shard)].state;
+}
+
+bool PushCore::pending() const {
+  std::lock_guard lock(mu_);
+  return io_in_flight_ != 0 || pushes_.size() != terminal_order_.size();
+}
+
+PushCounters PushCore::counters() const {
+  std::lock_guard lock(mu_);
+  PushCounters c = counters_;
+  c.terminal_records = terminal_order_.size();
+  c.active = pushes_.size() - terminal_order_.size();
+  c.sources_held = source_refs_.size();
+  c.io_in_flight = io_in_flight_;
+  return c;
+}
+
+Status PushCore::check_invariants() const {
+  std::lock_guard lock(mu_);
+  std::unordered_map<SourceId, std::uint64_t> refs;
+  std::uint64_t io = 0;
+  std::uint64_t terminal = 0;
+  for (const auto& [tid, p] : pushes_) {
+    if (p.source) ++refs[*p.source];
+    bool sending = false;
+    for (const Shard& s : p.shards) {
+      io += s.io ? 1 : 0;
+      sending = sending || s.state == Sh::sending;
+      const bool io_state =
+          s.state == Sh::reserving || s.state == Sh::sending || s.state == Sh::abandoning || s.state == Sh::refreshing;
+      if (io_state != s.io)
+        return internal_error(fmt::format("{}: shard {} io flag out of step", tid, shard_state_name(s.state)));
+    }
+    if (is_terminal(p.state)) {
+      ++terminal;
+      if (sending) return internal_error(fmt::format("{} is terminal with a payload in flight", tid));
+      if (p.source) return internal_error(fmt::format("{} is terminal and still holds its source", tid));
+    }
+    if (p.state == P::writing && !p.source) return internal_error(fmt::format("{} writes without a source", tid));
+    if ((p.state == P::waiting_inputs) != p.deadline.has_value()) {
+      return internal_error(fmt::format("{} deadline index out of step", tid));
+    }
+  }
+  if (refs != source_refs_) return internal_error("source reference counts out of step");
+  if (io != io_in_flight_) return internal_error(fmt::format("io count {} but {} in flight", io_in_flight_, io));
+  if (terminal != terminal_order_.size()) return internal_error("terminal order out of step");
+  return Status::ok();
+}
+
+}  // namespace detail
+
+PushManager::PushManager(PushOptions options, std::shared_ptr<const Clock> clock)
+    : core_(std::make_unique<detail::PushCore>(std::move(options), std::move(clock))) {}
+PushManager::~PushManager() = default;
+
+Result<Actions> PushManager::start(const PushSpec& spec, int shard_count) { return core_->start(spec, shard_count); }
+Actions PushManager::on_reserve_reply(std::string_view transfer_id, int shard, const ReserveReply& reply) {
+  return core_->on_reserve_reply(transfer_id, shard, reply);
+}
+Actions PushManager::bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes) {
+  return core_->bind_source(mm_hash, source, nbytes);
+}
+Actions PushManager::on_payload_result(std::string_view transfer_id, int shard, const Status& result) {
+  return core_->on_payload_result(transfer_id, shard, result);
+}
+Actions PushManager::on_cancel_result(std::string_view transfer_id, int shard, const Status& result) {
+  return core_->on_cancel_result(transfer_id, shard, result);
+}
+Actions PushManager::cancel_requests(std::span<const std::string> request_ids) {
+  return core_->cancel_requests(request_ids, false);
+}
+Actions PushManager::cancel_sourceless() { return core_->cancel_requests({}, true); }
+Actions PushManager::tick() { return core_->tick(); }
+std::optional<TimePoint> PushManager::next_wakeup() const { return core_->next_wakeup(); }
+std::vector<FailedSave> PushManager::drain_failures() { return core_->drain_failures(); }
+std::optional<PushState> PushManager::state_of(std::string_view transfer_id) const {
+  return core_->state_of(transfer_id);
+}
+std::optional<ShardState> PushManager::shard_state_of(std::string_view transfer_id, int shard) const {
+  return core_->shard_state_of(transfer_id, shard);
+}
+bool PushManager::pending() const { return core_->pending(); }
+PushCounters PushManager::counters() const { return core_->counters(); }
+Status PushManager::check_invariants() const { return core_->check_invariants(); }
+
+}  // namespace ecx::producer
