@@ -1,0 +1,67 @@
+#pragma once
+// The two collaborators of the SchedulerCoordinator, as small value-typed
+// interfaces. Production wires them to the ZeroMQ control client and event inbox;
+// unit tests use in-process fakes.
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ecx/core/ids.h"
+#include "ecx/core/status.h"
+#include "ecx/core/tensor_spec.h"
+
+namespace ecx::scheduler {
+
+// One event from a consumer shard about one transfer.
+struct TransferEvent {
+  enum class Kind : unsigned char {
+    ready,      // the payload landed in this shard's reservation
+    abandoned,  // no producer will ever write this reservation
+    failed,     // the shard gave up on the transfer (e.g. a checksum mismatch)
+  };
+  Kind kind = Kind::ready;
+  std::string transfer_id;
+  std::string mm_hash;
+  // The shard's tag (its TP index or control port); every shard of one consumer
+  // uses the same kind of tag. -1 = untagged, accepted only from an unsharded consumer.
+  int shard = -1;
+  std::optional<TensorSpec> spec;  // ready only: the landed tensor
+  ReservationId reservation_id;    // ready only: this shard's reservation (diagnostic)
+  std::string reason;              // failed only
+};
+
+// Readiness events of the consumer this scheduler belongs to.
+class EventSource {
+ public:
+  virtual ~EventSource() = default;
+  // Never blocks: appends at most `max_events` queued events to `out` and returns
+  // how many it appended. Subscription and topology discovery happen elsewhere
+  // (no events until they are done).
+  virtual std::size_t drain(std::vector<TransferEvent>& out, std::size_t max_events) = 0;
+  // Consumer shards whose events this source delivers; 0 while not subscribed.
+  // A transfer is loadable only when this many distinct shards reported it.
+  virtual int shard_count() const = 0;
+  // Idempotent. No drain() after close().
+  virtual void close() = 0;
+};
+
+// Control RPCs to consumer shards. Calls block (each bounded by the client's own
+// deadline), so the coordinator makes them only from its executor threads,
+// concurrently: implementations must be thread-safe.
+class ConsumerControl {
+ public:
+  virtual ~ConsumerControl() = default;
+  // The control address of every TP shard of the consumer whose first shard
+  // listens at `base_address` (in shard order). An error when the topology cannot
+  // be confirmed; never a guess such as the base address alone.
+  virtual Result<std::vector<std::string>> discover_shards(const std::string& base_address) = 0;
+  // Asks one shard to cancel its reservation for `transfer_id`; true when the
+  // shard cancelled something, false when it had nothing to cancel.
+  virtual Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) = 0;
+  // Idempotent; called after every executor thread has stopped.
+  virtual void close() = 0;
+};
+
+}  // namespace ecx::scheduler

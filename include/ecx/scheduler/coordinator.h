@@ -1,0 +1,202 @@
+#pragma once
+// SchedulerCoordinator: the EC connector's scheduler-side logic, for the producer
+// role (plans one push per transfer) and the consumer role (tracks inbound
+// transfers, gates requests until their items landed, dispatches loads, cancels
+// reservations nobody will use). The engine calls it from its single scheduler
+// thread, in vLLM's hook order; it never blocks on the network: readiness events
+// come from a non-blocking EventSource, and remote cancels run on an owned,
+// bounded executor whose outcome is polled on a later step.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "ecx/core/clock.h"
+#include "ecx/core/config.h"
+#include "ecx/core/dtype.h"
+#include "ecx/scheduler/collaborators.h"
+#include "ecx/scheduler/transfer_table.h"
+#include "ecx/scheduler/types.h"
+
+namespace ecx::scheduler {
+
+class BoundedExecutor;
+
+struct CoordinatorOptions {
+  bool is_producer = false;
+  bool is_consumer = true;
+  // Consumer: the control address of this instance's first TP shard; remote
+  // cancels discover the other shards from it.
+  std::string control_address;
+  Duration push_wait_timeout = std::chrono::seconds(60);  // waiting_event and loading deadline
+  TableLimits table;                                      // reservation TTL, tombstones, resident capacity
+  bool cross_encoder_cache = false;
+  // Producer: shape [num_encoder_embeds, encoder_output_width] in encoder_dtype
+  // for items whose output spec the caller did not give.
+  std::int64_t encoder_output_width = 0;
+  DType encoder_dtype = DType::bfloat16;
+  std::uint64_t max_tensor_bytes = 1'000'000'000;
+  std::size_t control_threads = 4;
+  std::size_t control_queue_max = 4'096;
+  std::size_t max_pending_shard_events = 4'096;  // transfers some but not all shards reported
+  std::size_t max_events_per_drain = 4'096;
+  std::size_t max_notified_remembered = 65'536;  // requests remembered as already failed
+  Duration drain_min_interval = std::chrono::milliseconds(5);
+  int cancel_attempts = 2;  // topology confirmations, and cancel rounds
+
+  // From the ECX configuration; `model_dtype` and `model_hidden_width` come from
+  // the engine's model config (encoder_output_width, when set, wins).
+  static CoordinatorOptions from_config(const Config& config, DType model_dtype, std::int64_t model_hidden_width);
+};
+
+struct CoordinatorStats {
+  std::uint64_t drains = 0;
+  std::uint64_t events_received = 0;
+  std::uint64_t events_malformed = 0;
+  std::uint64_t ready_accepted = 0;
+  std::uint64_t ready_ignored = 0;    // terminal, redundant or refused by the table
+  std::uint64_t awaiting_shards = 0;  // a shard's readiness recorded, others still missing
+  std::uint64_t partial_dropped = 0;  // partial readiness dropped by the bound
+  std::uint64_t abandoned_events = 0;
+  std::uint64_t failed_events = 0;
+  std::uint64_t pushes_planned = 0;
+  std::uint64_t push_conflicts = 0;  // a transfer id already planned for other content
+  std::uint64_t unresolved_transfer_ids = 0;
+  std::uint64_t malformed_requests = 0;
+  std::uint64_t cancels_queued = 0;
+  std::uint64_t cancels_succeeded = 0;
+  std::uint64_t cancels_failed = 0;
+  std::uint64_t cancels_dropped = 0;     // executor full or closed
+  std::uint64_t cancels_local_only = 0;  // names no consumer knows, or no control client
+};
+
+class SchedulerCoordinator {
+ public:
+  // `events` and `control` may be null (a pure producer needs neither; without a
+  // control client remote cancels are skipped and counted).
+  SchedulerCoordinator(CoordinatorOptions options, std::shared_ptr<const Clock> clock,
+                       std::shared_ptr<EventSource> events, std::shared_ptr<ConsumerControl> control);
+  ~SchedulerCoordinator();
+  SchedulerCoordinator(const SchedulerCoordinator&) = delete;
+  SchedulerCoordinator& operator=(const SchedulerCoordinator&) = delete;
+
+  // --- vLLM scheduler hooks, in the order the engine calls them
+  // Consumer: whether `identifier` can be had without encoding it here (ready,
+  // resident or available). Always false for a pure producer.
+  bool has_cache_item(std::string_view identifier);
+  // False defers the request to a later step. Consumer: true only when every item
+  // not yet computed is in the engine's cache or loaded; starts loads; a request
+  // whose push cannot arrive is failed through take_unavailable_requests().
+  // Producer: plans pushes, never defers (unless its ec_transfer_params are malformed).
+  bool ensure_cache_available(const RequestView& request, std::int64_t num_computed_tokens);
+  void update_state_after_alloc(const RequestView& request, std::size_t index);
+  // Consumer: the item was consumed; release a transfer it no longer needs.
+  void update_state_after_free(const RequestView& request, std::size_t index);
+  ConnectorMeta build_connector_meta(const StepView& step);
+  void update_connector_output(const WorkerOutput& output);
+  FinishedResult request_finished(const RequestView& request);
+  // Requests whose encoder inputs cannot be had; each request is returned once.
+  std::vector<std::string> take_unavailable_requests();
+  bool has_pending_push_work() const noexcept { return pending_work_; }
+  // Joins the executor (queued cancels are dropped; running ones end within the
+  // control client's deadline), then closes the event source and control client.
+  // Idempotent.
+  void close();
+
+  // --- observation
+  const TransferTable& table() const noexcept { return table_; }
+  const CoordinatorStats& stats() const noexcept { return stats_; }
+  std::size_t pending_remote_cancels() const noexcept { return pending_cancels_.size(); }
+  const CoordinatorOptions& options() const noexcept { return options_; }
+
+ private:
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  using StringSet = std::unordered_set<std::string, StringHash, std::equal_to<>>;
+  template <typename V>
+  using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+  struct CancelTicket;
+  struct PendingShards {
+    std::string transfer_id;
+    std::vector<int> shards;
+    TensorSpec spec;
+  };
+  struct PushBinding {
+    std::string mm_hash;
+    std::string consumer_zmq;
+    std::size_t requests = 0;
+  };
+
+  void drain(TimePoint now);
+  void poll_pending_cancels();
+  void accept_event(const TransferEvent& event, TimePoint now);
+  bool note_shard_ready(const TransferEvent& event, TimePoint now);
+  void forget_shard_readiness(std::string_view transfer_id);
+  void queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash = {},
+                    std::string_view request_id = {});
+  void note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
+                          std::string_view request_id, TimePoint now);
+  void prepare_push(const RequestView& request, std::size_t index);
+  void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
+  bool report_malformed(const RequestView& request);
+  void mark_request_unavailable(std::string_view request_id);
+  Result<TensorSpec> output_spec(const MmFeature& feature) const;
+  static std::string fallback_id(const RequestView& request, std::size_t index);
+
+  CoordinatorOptions options_;
+  std::shared_ptr<const Clock> clock_;
+  std::shared_ptr<EventSource> events_;
+  std::shared_ptr<ConsumerControl> control_;
+  std::unique_ptr<BoundedExecutor> executor_;
+  TransferTable table_;
+  CoordinatorStats stats_;
+  bool closed_ = false;
+
+  // Draining happens at most once per step boundary (re-armed by
+  // build_connector_meta) or after drain_min_interval.
+  bool drain_pending_ = true;
+  TimePoint drained_at_{};
+  std::vector<TransferEvent> event_buffer_;
+  std::vector<std::string> cancel_buffer_;
+
+  // Partial multi-shard readiness, oldest first, bounded.
+  std::list<PendingShards> pending_shards_;
+  StringMap<std::list<PendingShards>::iterator> pending_shards_index_;
+
+  std::vector<std::shared_ptr<CancelTicket>> pending_cancels_;
+
+  // Mirror of the engine's encoder cache (alloc adds, free_encoder_mm_hashes removes).
+  StringSet local_cache_;
+  // Loads started on behalf of a request that has not allocated them yet.
+  StringMap<std::vector<std::string>> owned_loads_;
+  std::vector<std::string> extra_freed_;
+
+  // Producer: planned pushes of this step, bindings planned so far, and which
+  // request planned which binding.
+  std::vector<PushSpec> pushes_;
+  StringMap<PushBinding> push_bindings_;
+  StringMap<std::vector<std::string>> bindings_by_request_;
+  std::vector<std::pair<std::string, StoreCandidate>> store_candidates_;  // (request id, candidate)
+
+  StringSet failed_saves_;
+  StringSet malformed_pending_;
+  // Requests already returned by take_unavailable_requests (bounded, oldest forgotten).
+  StringSet notified_;
+  std::deque<std::string> notified_order_;
+
+  std::uint64_t unresolved_warnings_ = 0;
+  bool pending_work_ = false;
+};
+
+}  // namespace ecx::scheduler

@@ -1,0 +1,45 @@
+#pragma once
+// ec_transfer_params: the per-request routing a proxy attaches to a request,
+//   {"consumer_zmq": "tcp://host:port", "ec_items": [{"mm_hash"?: ..., "transfer_id"?: ...}, ...]}
+// Parsed strictly: a wrong type or an invalid id makes the whole value malformed
+// (the request then fails as unavailable); unknown keys are tolerated because
+// proxies add their own per-item handles next to these fields.
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ecx/core/status.h"
+
+namespace ecx::scheduler {
+
+inline constexpr std::size_t kMaxEcItems = 4096;
+inline constexpr std::size_t kMaxAddressLength = 512;
+
+struct EcItem {
+  std::optional<std::string> mm_hash;      // absent = match by position
+  std::optional<std::string> transfer_id;  // absent = this entry names no transfer
+};
+
+struct EcTransferParams {
+  std::string consumer_zmq;  // "" = none (the producer then plans no push)
+  std::vector<EcItem> items;
+};
+
+// `value` must be a JSON object (callers map JSON null to "no params" themselves).
+Result<EcTransferParams> parse_ec_transfer_params(const nlohmann::json& value);
+// Same, from JSON text; a syntax error is a malformed value, not an exception.
+Result<EcTransferParams> parse_ec_transfer_params_text(std::string_view json_text);
+
+// The transfer id of feature `index` whose engine identifier is `identifier`:
+// ec_items[index] when its mm_hash is absent or equal and it names a transfer
+// (positional match), else the first entry whose mm_hash equals the identifier
+// and names a transfer, else none.
+std::optional<std::string_view> resolve_transfer_id(const EcTransferParams* params, std::size_t index,
+                                                    std::string_view identifier);
+
+}  // namespace ecx::scheduler

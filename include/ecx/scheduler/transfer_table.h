@@ -1,0 +1,281 @@
+#pragma once
+// The consumer scheduler's record of every inbound transfer: a validated state
+// machine plus the indexes the per-step hooks need, each kept so that every
+// operation costs O(1) or O(records it touches) (amortised). Single-threaded: the
+// SchedulerCoordinator owns it and calls it from the engine's scheduler thread.
+//
+// States (terminal: unavailable, expired, failed, cancelled):
+//   waiting_event → {available, unavailable, cancelled}
+//   available     → {loading, expired, cancelled}
+//   loading       → {ready, failed, cancelled, unavailable}   (unavailable: load deadline)
+//   ready         → {resident, expired}
+//   resident      → {loading, expired}
+//   unavailable   → {cancelled}
+//   expired       → {cancelled}
+// `cancel` refuses loading records although the table allows the edge: an
+// in-flight load may satisfy another request for the same hash; its completion or
+// its load deadline owns it. Any other change is an invalid transition: logged,
+// counted, and the record alone is failed.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "ecx/core/clock.h"
+#include "ecx/core/status.h"
+#include "ecx/scheduler/types.h"
+
+namespace ecx::scheduler {
+
+enum class TransferState : unsigned char {
+  waiting_event,
+  available,
+  loading,
+  ready,
+  resident,
+  unavailable,
+  expired,
+  failed,
+  cancelled,
+};
+inline constexpr std::size_t kTransferStateCount = 9;
+inline constexpr std::size_t kLiveStateCount = 5;  // waiting_event .. resident
+
+std::string_view transfer_state_name(TransferState state) noexcept;
+bool is_terminal(TransferState state) noexcept;
+// The validated transition table (documented above).
+bool transition_allowed(TransferState from, TransferState to) noexcept;
+
+// A set of states, for has_state().
+class StateMask {
+ public:
+  constexpr StateMask() = default;
+  constexpr StateMask(std::initializer_list<TransferState> states) {
+    for (auto s : states) bits_ |= bit(s);
+  }
+  constexpr bool contains(TransferState s) const noexcept { return (bits_ & bit(s)) != 0; }
+
+ private:
+  static constexpr std::uint16_t bit(TransferState s) {
+    return static_cast<std::uint16_t>(1u << static_cast<unsigned>(s));
+  }
+  std::uint16_t bits_ = 0;
+};
+
+class TransferRecord;
+
+namespace detail {
+struct ListHook {
+  TransferRecord* prev = nullptr;
+  TransferRecord* next = nullptr;
+};
+struct RecordList {
+  TransferRecord* head = nullptr;
+  TransferRecord* tail = nullptr;
+  std::size_t size = 0;
+};
+}  // namespace detail
+
+class TransferRecord {
+ public:
+  const std::string& transfer_id() const noexcept { return transfer_id_; }
+  const std::string& request_id() const noexcept { return request_id_; }  // first request that named it
+  const std::string& mm_hash() const noexcept { return mm_hash_; }        // "" = unknown (cancel of an unknown id)
+  TransferState state() const noexcept { return state_; }
+  const std::optional<LoadSpec>& spec() const noexcept { return spec_; }
+  const std::optional<TimePoint>& deadline() const noexcept { return deadline_; }
+  // Requests waiting for this transfer's readiness event (waiting_event only).
+  const std::vector<std::string>& waiters() const noexcept { return waiters_; }
+  // Requests already told that this transfer is unavailable.
+  const std::vector<std::string>& notified() const noexcept { return notified_; }
+  // The request a loading record was started for (told if the load times out).
+  const std::string& load_owner() const noexcept { return load_owner_; }
+  // The scheduler invented this name ("<request_id>:<index>"); no consumer knows it.
+  bool invented_name() const noexcept { return invented_name_; }
+  std::uint64_t sequence() const noexcept { return sequence_; }  // creation order
+
+ private:
+  friend class TransferTable;
+  std::string transfer_id_;
+  std::string request_id_;
+  std::string mm_hash_;
+  TransferState state_ = TransferState::waiting_event;
+  std::optional<LoadSpec> spec_;
+  std::optional<TimePoint> deadline_;
+  std::vector<std::string> waiters_;
+  std::vector<std::string> notified_;
+  std::string load_owner_;
+  std::uint64_t sequence_ = 0;
+  bool invented_name_ = false;
+  bool queued_for_dispatch_ = false;
+  // Which ordering list holds the record (deadline lists, resident LRU,
+  // tombstones) and its links there; and its links in its hash's per-state list.
+  unsigned char order_list_ = 0;
+  detail::ListHook order_hook_;
+  detail::ListHook hash_hook_;
+};
+
+struct TableLimits {
+  Duration reservation_ttl = std::chrono::seconds(300);  // available deadline and tombstone TTL
+  std::uint64_t tombstone_max = 65'536;                  // terminal records kept (>= 1)
+  std::uint64_t resident_capacity_bytes = 1'000'000'000;
+};
+
+struct TableStats {
+  std::uint64_t invalid_transitions = 0;
+  std::uint64_t collisions_refused = 0;    // a transfer id reused for another mm_hash
+  std::uint64_t ready_ignored = 0;         // readiness for a record not waiting for it
+  std::uint64_t tombstones_evicted = 0;    // dropped by the count bound before their TTL
+  std::uint64_t resident_evictions = 0;    // resident records expired by the capacity bound
+  std::uint64_t pushes_never_arrived = 0;  // waiting records that reached their deadline
+  std::uint64_t load_deadlines = 0;        // loading records that reached their deadline
+};
+
+class TransferTable {
+ public:
+  explicit TransferTable(TableLimits limits);
+  ~TransferTable();
+  TransferTable(const TransferTable&) = delete;
+  TransferTable& operator=(const TransferTable&) = delete;
+
+  // --- queries
+  const TransferRecord* find(std::string_view transfer_id) const;
+  // Whether any record of `mm_hash` is in one of `states` (live states only). O(1).
+  bool has_state(std::string_view mm_hash, StateMask states) const;
+  std::size_t size() const noexcept { return records_.size(); }
+  std::size_t live_count() const noexcept { return records_.size() - tombstones_.size; }
+  std::size_t tombstone_count() const noexcept { return tombstones_.size; }
+  std::size_t resident_count() const noexcept { return resident_.size; }
+  std::uint64_t resident_bytes() const noexcept { return resident_bytes_; }
+  const TableLimits& limits() const noexcept { return limits_; }
+  const TableStats& stats() const noexcept { return stats_; }
+
+  // --- operations (`now` is the caller's one timestamp for its whole decision)
+
+  // `request_id` needs `transfer_id` (carrying `mm_hash`) and found nothing usable.
+  // Creates a waiting_event record with `deadline` when the id is new and adds the
+  // request as a waiter. When the id already names another mm_hash the newcomer is
+  // refused: it is notified unavailable and nullptr is returned (the existing
+  // transfer is untouched). A terminal record notifies the request at once.
+  const TransferRecord* wait_for_event(std::string_view transfer_id, std::string_view request_id,
+                                       std::string_view mm_hash, TimePoint now, TimePoint deadline,
+                                       bool invented_name = false);
+  // Every shard reported the payload landed. waiting_event (or unknown) →
+  // available with deadline now + reservation_ttl. Returns false (ignored) for any
+  // other state or a mismatching mm_hash.
+  bool observe_ready(LoadSpec spec, TimePoint now);
+  // A shard reported that no producer will write this transfer. waiting_event →
+  // unavailable (waiters notified now); an unknown id becomes an unavailable
+  // tombstone so a later request fails on arrival; available and later states
+  // ignore it (the data landed). Returns whether the record changed.
+  bool observe_abandoned(std::string_view transfer_id, std::string_view mm_hash, TimePoint now);
+  // A request still names this available transfer: push its deadline to now + ttl.
+  void touch_available(std::string_view transfer_id, TimePoint now);
+  // Starts loading `mm_hash` for `request_id`: the record named `preferred_id` if it
+  // is available for this hash, else the earliest available or resident record of
+  // the hash. → loading with `load_deadline`, queued for dispatch. nullptr if none.
+  const TransferRecord* begin_load(std::string_view mm_hash, std::optional<std::string_view> preferred_id,
+                                   std::string_view request_id, TimePoint now, TimePoint load_deadline);
+  // Load specs of the records queued by begin_load since the last call.
+  std::vector<LoadSpec> take_loads_to_dispatch();
+  // The workers loaded `mm_hash`: the first loading record → ready. True also when
+  // the hash is already ready (a repeated report).
+  bool complete_load(std::string_view mm_hash);
+  // The workers could not load `mm_hash`: the first loading record → failed.
+  bool fail_load(std::string_view mm_hash, TimePoint now);
+  // The engine freed `mm_hash` from its encoder cache: the newest ready record
+  // becomes resident (reloadable locally); every other ready or resident record of
+  // the hash, and a canonical one whose spec a reclaim cleared, expires as an
+  // orphan. Then resident records are expired oldest first until the resident bytes
+  // fit the capacity.
+  void release_ready(std::string_view mm_hash, TimePoint now);
+  // A worker dropped its resident copy of `mm_hash`: ready records lose their spec
+  // (they expire at release), resident ones expire as orphans.
+  void reclaim(std::string_view mm_hash, TimePoint now);
+  // waiting_event or loading → unavailable, notifying who waits. A terminal record
+  // is left alone (false); any other state is an invalid transition.
+  bool mark_unavailable(std::string_view transfer_id, TimePoint now);
+  // Cancels `transfer_id`; true when the caller should cancel it remotely. An
+  // unknown id becomes a cancelled tombstone (true). Refused (false) for cancelled,
+  // ready, resident, failed and loading records, and when `mm_hash` is given and
+  // the record names another hash. When `request_id` is given it stops waiting
+  // first, and the cancel is refused while other requests still wait.
+  bool cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash = {},
+              std::string_view request_id = {});
+  // `request_id` no longer needs `transfer_id` (e.g. it finished): it stops waiting
+  // and will not be notified about it.
+  void withdraw(std::string_view transfer_id, std::string_view request_id);
+  // Deadlines: waiting_event → unavailable (waiters notified), available →
+  // expired, loading → unavailable (load owner notified); tombstones past their
+  // TTL are dropped. Appends to `remote_cancels` the ids whose consumer
+  // reservation should now be cancelled. Touches only records that are due.
+  void expire(TimePoint now, std::vector<std::string>& remote_cancels);
+  // Requests told "unavailable" since the last call (each once per record).
+  std::vector<std::string> take_unavailable_requests();
+  // Drops a request from the pending notifications (it finished meanwhile).
+  void forget_pending_request(std::string_view request_id);
+  // Records expired out of ready/resident since the last call; their consumer
+  // reservation still exists and nothing else would release it.
+  std::vector<std::string> drain_orphaned();
+
+  // Walks every record and index and reports the first disagreement. O(n): for
+  // tests and debugging only.
+  Status check_invariants() const;
+  // Visits every record (any order). O(n): for tests and diagnostics only.
+  template <typename F>
+  void for_each_record(F&& visit) const {
+    for (const auto& entry : records_) visit(entry.second);
+  }
+
+ private:
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  struct HashIndex {
+    std::array<detail::RecordList, kLiveStateCount> by_state;  // each in order of entry to the state
+    bool empty() const noexcept;
+  };
+  using RecordMap = std::unordered_map<std::string, TransferRecord, StringHash, std::equal_to<>>;
+  using HashMap = std::unordered_map<std::string, HashIndex, StringHash, std::equal_to<>>;
+
+  TransferRecord* find_mutable(std::string_view transfer_id);
+  TransferRecord& create(std::string_view transfer_id, std::string_view request_id, std::string_view mm_hash);
+  // Validated state change; false (and the record failed) when not allowed.
+  bool transition(TransferRecord& record, TransferState to, TimePoint now);
+  void leave_state(TransferRecord& record);
+  void enter_state(TransferRecord& record, TimePoint now);
+  void fail_invalid(TransferRecord& record, TransferState wanted, TimePoint now);
+  void notify(TransferRecord& record, std::string_view request_id);
+  void notify_waiters(TransferRecord& record);
+  void expire_as_orphan(TransferRecord& record, TimePoint now);
+  void evict_residents(TimePoint now);
+  void erase_record(TransferRecord& record);
+  detail::RecordList* order_list(unsigned char which);
+  const detail::RecordList* order_list(unsigned char which) const;
+
+  TableLimits limits_;
+  TableStats stats_;
+  RecordMap records_;
+  HashMap by_hash_;
+  std::uint64_t next_sequence_ = 1;
+  // Deadline-ordered lists (new deadlines are almost always the latest, so
+  // insertion is O(1)) and the resident LRU.
+  detail::RecordList waiting_;
+  detail::RecordList available_;
+  detail::RecordList loading_;
+  detail::RecordList tombstones_;
+  detail::RecordList resident_;
+  std::uint64_t resident_bytes_ = 0;
+  std::vector<std::string> dispatch_queue_;
+  std::vector<std::string> orphans_;
+  std::unordered_set<std::string, StringHash, std::equal_to<>> pending_unavailable_;
+};
+
+}  // namespace ecx::scheduler

@@ -1,0 +1,638 @@
+#include "ecx/scheduler/transfer_table.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "ecx/core/logging.h"
+
+namespace ecx::scheduler {
+namespace {
+
+using detail::ListHook;
+using detail::RecordList;
+using HookPtr = ListHook TransferRecord::*;
+
+// Which ordering list a record sits in (TransferRecord::order_list_).
+enum OrderList : unsigned char { kNoList = 0, kWaiting, kAvailable, kLoading, kResident, kTombstones };
+
+std::shared_ptr<spdlog::logger> logger() {
+  static auto instance = ecx::log::get("scheduler");
+  return instance;
+}
+
+constexpr std::array<std::string_view, kTransferStateCount> kStateNames = {
+    "WAITING_EVENT", "AVAILABLE", "LOADING", "READY", "RESIDENT", "UNAVAILABLE", "EXPIRED", "FAILED", "CANCELLED"};
+
+constexpr std::size_t idx(TransferState s) { return static_cast<std::size_t>(s); }
+
+std::string_view shorten(std::string_view id) { return id.substr(0, 64); }
+
+}  // namespace
+
+// Intrusive doubly linked lists over TransferRecord hooks: O(1) append and unlink
+// without any allocation.
+struct ListOps {
+  static void push_back(RecordList& list, TransferRecord& r, HookPtr hook) {
+    (r.*hook).prev = list.tail;
+    (r.*hook).next = nullptr;
+    if (list.tail)
+      (list.tail->*hook).next = &r;
+    else
+      list.head = &r;
+    list.tail = &r;
+    ++list.size;
+  }
+  static void insert_after(RecordList& list, TransferRecord* after, TransferRecord& r, HookPtr hook) {
+    if (after == list.tail) return push_back(list, r, hook);
+    TransferRecord* next = after ? (after->*hook).next : list.head;
+    (r.*hook).prev = after;
+    (r.*hook).next = next;
+    (next->*hook).prev = &r;
+    if (after)
+      (after->*hook).next = &r;
+    else
+      list.head = &r;
+    ++list.size;
+  }
+  static void unlink(RecordList& list, TransferRecord& r, HookPtr hook) {
+    ListHook& h = r.*hook;
+    if (h.prev)
+      (h.prev->*hook).next = h.next;
+    else
+      list.head = h.next;
+    if (h.next)
+      (h.next->*hook).prev = h.prev;
+    else
+      list.tail = h.prev;
+    h = ListHook{};
+    --list.size;
+  }
+};
+
+std::string_view transfer_state_name(TransferState state) noexcept {
+  return idx(state) < kStateNames.size() ? kStateNames[idx(state)] : "?";
+}
+
+bool is_terminal(TransferState state) noexcept { return idx(state) >= kLiveStateCount; }
+
+bool transition_allowed(TransferState from, TransferState to) noexcept {
+  using S = TransferState;
+  switch (from) {
+    case S::waiting_event:
+      return to == S::available || to == S::unavailable || to == S::cancelled;
+    case S::available:
+      return to == S::loading || to == S::expired || to == S::cancelled;
+    case S::loading:
+      return to == S::ready || to == S::failed || to == S::cancelled || to == S::unavailable;
+    case S::ready:
+      return to == S::resident || to == S::expired;
+    case S::resident:
+      return to == S::loading || to == S::expired;
+    case S::unavailable:
+      return to == S::cancelled;
+    case S::expired:
+      return to == S::cancelled;
+    case S::failed:
+    case S::cancelled:
+      return false;
+  }
+  return false;
+}
+
+bool TransferTable::HashIndex::empty() const noexcept {
+  return std::all_of(by_state.begin(), by_state.end(), [](const RecordList& l) { return l.size == 0; });
+}
+
+TransferTable::TransferTable(TableLimits limits) : limits_(limits) {
+  if (limits_.tombstone_max == 0) limits_.tombstone_max = 1;
+}
+
+TransferTable::~TransferTable() = default;
+
+RecordList* TransferTable::order_list(unsigned char which) {
+  switch (which) {
+    case kWaiting:
+      return &waiting_;
+    case kAvailable:
+      return &available_;
+    case kLoading:
+      return &loading_;
+    case kResident:
+      return &resident_;
+    case kTombstones:
+      return &tombstones_;
+    default:
+      return nullptr;
+  }
+}
+
+const RecordList* TransferTable::order_list(unsigned char which) const {
+  return const_cast<TransferTable*>(this)->order_list(which);
+}
+
+const TransferRecord* TransferTable::find(std::string_view transfer_id) const {
+  auto it = records_.find(transfer_id);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+TransferRecord* TransferTable::find_mutable(std::string_view transfer_id) {
+  auto it = records_.find(transfer_id);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+bool TransferTable::has_state(std::string_view mm_hash, StateMask states) const {
+  auto it = by_hash_.find(mm_hash);
+  if (it == by_hash_.end()) return false;
+  for (std::size_t s = 0; s < kLiveStateCount; ++s) {
+    if (it->second.by_state[s].size != 0 && states.contains(static_cast<TransferState>(s))) return true;
+  }
+  return false;
+}
+
+TransferRecord& TransferTable::create(std::string_view transfer_id, std::string_view request_id,
+                                      std::string_view mm_hash) {
+  auto [it, inserted] = records_.try_emplace(std::string(transfer_id));
+  TransferRecord& r = it->second;
+  r.transfer_id_ = it->first;
+  r.request_id_ = std::string(request_id);
+  r.mm_hash_ = std::string(mm_hash);
+  r.state_ = TransferState::waiting_event;
+  r.sequence_ = next_sequence_++;
+  return r;
+}
+
+void TransferTable::leave_state(TransferRecord& r) {
+  if (RecordList* list = order_list(r.order_list_)) ListOps::unlink(*list, r, &TransferRecord::order_hook_);
+  r.order_list_ = kNoList;
+  if (!is_terminal(r.state_) && !r.mm_hash_.empty()) {
+    auto it = by_hash_.find(r.mm_hash_);
+    if (it != by_hash_.end()) {
+      ListOps::unlink(it->second.by_state[idx(r.state_)], r, &TransferRecord::hash_hook_);
+      if (it->second.empty()) by_hash_.erase(it);
+    }
+  }
+  if (r.state_ == TransferState::resident && r.spec_) resident_bytes_ -= r.spec_->spec.nbytes();
+}
+
+void TransferTable::enter_state(TransferRecord& r, TimePoint now) {
+  using S = TransferState;
+  auto place_by_deadline = [&](RecordList& list, unsigned char which) {
+    // Deadlines are now + a fixed duration from a monotonic clock, so the new one
+    // is nearly always the latest: walk back only past later ones.
+    TransferRecord* after = list.tail;
+    while (after && after->deadline_ && r.deadline_ && *after->deadline_ > *r.deadline_) {
+      after = after->order_hook_.prev;
+    }
+    ListOps::insert_after(list, after, r, &TransferRecord::order_hook_);
+    r.order_list_ = which;
+  };
+  if (!is_terminal(r.state_) && !r.mm_hash_.empty()) {
+    ListOps::push_back(by_hash_[r.mm_hash_].by_state[idx(r.state_)], r, &TransferRecord::hash_hook_);
+  }
+  switch (r.state_) {
+    case S::waiting_event:
+      if (r.deadline_) place_by_deadline(waiting_, kWaiting);
+      break;
+    case S::available:
+      place_by_deadline(available_, kAvailable);
+      break;
+    case S::loading:
+      place_by_deadline(loading_, kLoading);
+      break;
+    case S::ready:
+      r.deadline_.reset();
+      break;
+    case S::resident:
+      r.deadline_.reset();
+      ListOps::push_back(resident_, r, &TransferRecord::order_hook_);
+      r.order_list_ = kResident;
+      if (r.spec_) resident_bytes_ += r.spec_->spec.nbytes();
+      break;
+    case S::unavailable:
+    case S::expired:
+    case S::failed:
+    case S::cancelled: {
+      r.deadline_ = now + limits_.reservation_ttl;
+      r.queued_for_dispatch_ = false;
+      notify_waiters(r);
+      place_by_deadline(tombstones_, kTombstones);
+      // The count bound holds at all times, not only after expire().
+      while (tombstones_.size > limits_.tombstone_max) {
+        TransferRecord* victim = tombstones_.head != &r ? tombstones_.head : r.order_hook_.next;
+        ++stats_.tombstones_evicted;
+        erase_record(*victim);
+      }
+      break;
+    }
+  }
+}
+
+bool TransferTable::transition(TransferRecord& r, TransferState to, TimePoint now) {
+  if (!transition_allowed(r.state_, to)) {
+    fail_invalid(r, to, now);
+    return false;
+  }
+  leave_state(r);
+  r.state_ = to;
+  enter_state(r, now);
+  return true;
+}
+
+void TransferTable::fail_invalid(TransferRecord& r, TransferState wanted, TimePoint now) {
+  ++stats_.invalid_transitions;
+  logger()->error(
+      "EC transfer table: invalid transition {} -> {} for transfer_id={} (mm_hash={}); failing that transfer",
+      transfer_state_name(r.state_), transfer_state_name(wanted), shorten(r.transfer_id_), shorten(r.mm_hash_));
+  if (r.state_ == TransferState::failed) return;
+  const std::string owner = r.load_owner_;
+  leave_state(r);
+  r.state_ = TransferState::failed;
+  enter_state(r, now);
+  notify(r, owner);
+}
+
+void TransferTable::notify(TransferRecord& r, std::string_view request_id) {
+  if (request_id.empty()) return;
+  if (std::find(r.notified_.begin(), r.notified_.end(), request_id) != r.notified_.end()) return;
+  r.notified_.emplace_back(request_id);
+  pending_unavailable_.emplace(request_id);
+}
+
+void TransferTable::notify_waiters(TransferRecord& r) {
+  for (const auto& w : r.waiters_) notify(r, w);
+  r.waiters_.clear();
+}
+
+void TransferTable::erase_record(TransferRecord& r) {
+  leave_state(r);
+  records_.erase(r.transfer_id_);
+}
+
+const TransferRecord* TransferTable::wait_for_event(std::string_view transfer_id, std::string_view request_id,
+                                                    std::string_view mm_hash, TimePoint now, TimePoint deadline,
+                                                    bool invented_name) {
+  TransferRecord* r = find_mutable(transfer_id);
+  if (r == nullptr) {
+    r = &create(transfer_id, request_id, mm_hash);
+    r->deadline_ = deadline;
+    r->invented_name_ = invented_name;
+    r->waiters_.emplace_back(request_id);
+    enter_state(*r, now);
+    return r;
+  }
+  if (!r->mm_hash_.empty() && r->mm_hash_ != mm_hash) {
+    ++stats_.collisions_refused;
+    logger()->warn("EC transfer_id={} already names mm_hash={}; refusing mm_hash={} for request {}",
+                   shorten(transfer_id), shorten(r->mm_hash_), shorten(mm_hash), shorten(request_id));
+    // Only the newcomer fails; the existing transfer is untouched. The
+    // notification is not kept on the record (it is not this record's request).
+    pending_unavailable_.emplace(request_id);
+    return nullptr;
+  }
+  if (is_terminal(r->state_)) {
+    notify(*r, request_id);
+    return r;
+  }
+  if (r->state_ == TransferState::waiting_event &&
+      std::find(r->waiters_.begin(), r->waiters_.end(), request_id) == r->waiters_.end()) {
+    r->waiters_.emplace_back(request_id);
+  }
+  return r;
+}
+
+bool TransferTable::observe_ready(LoadSpec spec, TimePoint now) {
+  TransferRecord* r = find_mutable(spec.transfer_id);
+  if (r == nullptr) {
+    r = &create(spec.transfer_id, {}, spec.mm_hash);
+    enter_state(*r, now);
+  }
+  if (r->state_ != TransferState::waiting_event || r->mm_hash_ != spec.mm_hash) {
+    ++stats_.ready_ignored;
+    if (r->mm_hash_ != spec.mm_hash) {
+      logger()->warn("EC readiness for transfer_id={} names mm_hash={} but the transfer carries mm_hash={}; ignored",
+                     shorten(spec.transfer_id), shorten(spec.mm_hash), shorten(r->mm_hash_));
+    }
+    return false;
+  }
+  spec.local = false;
+  r->spec_ = std::move(spec);
+  r->waiters_.clear();  // satisfied: they load it on their next check
+  r->deadline_ = now + limits_.reservation_ttl;
+  return transition(*r, TransferState::available, now);
+}
+
+bool TransferTable::observe_abandoned(std::string_view transfer_id, std::string_view mm_hash, TimePoint now) {
+  TransferRecord* r = find_mutable(transfer_id);
+  if (r == nullptr) {
+    r = &create(transfer_id, {}, mm_hash);
+    enter_state(*r, now);
+  }
+  if (r->state_ != TransferState::waiting_event) return false;
+  if (!mm_hash.empty() && r->mm_hash_ != mm_hash) return false;
+  return transition(*r, TransferState::unavailable, now);
+}
+
+void TransferTable::touch_available(std::string_view transfer_id, TimePoint now) {
+  TransferRecord* r = find_mutable(transfer_id);
+  if (r == nullptr || r->state_ != TransferState::available) return;
+  const TimePoint deadline = now + limits_.reservation_ttl;
+  if (r->deadline_ && *r->deadline_ >= deadline) return;
+  // Same state, later deadline: move it within the deadline order.
+  leave_state(*r);
+  r->deadline_ = deadline;
+  enter_state(*r, now);
+}
+
+const TransferRecord* TransferTable::begin_load(std::string_view mm_hash, std::optional<std::string_view> preferred_id,
+                                                std::string_view request_id, TimePoint now, TimePoint load_deadline) {
+  TransferRecord* chosen = nullptr;
+  if (preferred_id) {
+    TransferRecord* r = find_mutable(*preferred_id);
+    if (r && r->state_ == TransferState::available && r->mm_hash_ == mm_hash && r->spec_) chosen = r;
+  }
+  if (chosen == nullptr) {
+    auto it = by_hash_.find(mm_hash);
+    if (it == by_hash_.end()) return nullptr;
+    TransferRecord* available = it->second.by_state[idx(TransferState::available)].head;
+    TransferRecord* resident = it->second.by_state[idx(TransferState::resident)].head;
+    if (available && resident)
+      chosen = available->sequence_ < resident->sequence_ ? available : resident;
+    else
+      chosen = available ? available : resident;
+  }
+  if (chosen == nullptr || !chosen->spec_) return nullptr;
+  chosen->deadline_ = load_deadline;
+  chosen->load_owner_ = std::string(request_id);
+  if (!transition(*chosen, TransferState::loading, now)) return nullptr;
+  chosen->queued_for_dispatch_ = true;
+  dispatch_queue_.push_back(chosen->transfer_id_);
+  return chosen;
+}
+
+std::vector<LoadSpec> TransferTable::take_loads_to_dispatch() {
+  std::vector<LoadSpec> loads;
+  loads.reserve(dispatch_queue_.size());
+  for (const auto& id : dispatch_queue_) {
+    TransferRecord* r = find_mutable(id);
+    if (r == nullptr || !r->queued_for_dispatch_) continue;
+    r->queued_for_dispatch_ = false;
+    if (r->state_ == TransferState::loading && r->spec_) loads.push_back(*r->spec_);
+  }
+  dispatch_queue_.clear();
+  return loads;
+}
+
+bool TransferTable::complete_load(std::string_view mm_hash) {
+  auto it = by_hash_.find(mm_hash);
+  if (it == by_hash_.end()) return false;
+  if (TransferRecord* r = it->second.by_state[idx(TransferState::loading)].head) {
+    r->load_owner_.clear();
+    return transition(*r, TransferState::ready, TimePoint{});
+  }
+  return it->second.by_state[idx(TransferState::ready)].size != 0;
+}
+
+bool TransferTable::fail_load(std::string_view mm_hash, TimePoint now) {
+  auto it = by_hash_.find(mm_hash);
+  if (it == by_hash_.end()) return false;
+  TransferRecord* r = it->second.by_state[idx(TransferState::loading)].head;
+  if (r == nullptr) return false;
+  r->load_owner_.clear();
+  return transition(*r, TransferState::failed, now);
+}
+
+void TransferTable::expire_as_orphan(TransferRecord& r, TimePoint now) {
+  if (transition(r, TransferState::expired, now)) orphans_.push_back(r.transfer_id_);
+}
+
+void TransferTable::release_ready(std::string_view mm_hash, TimePoint now) {
+  auto it = by_hash_.find(mm_hash);
+  if (it != by_hash_.end()) {
+    std::vector<TransferRecord*> ready;
+    std::vector<TransferRecord*> resident;
+    for (auto* r = it->second.by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) ready.push_back(r);
+    if (!ready.empty()) {
+      for (auto* r = it->second.by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
+        resident.push_back(r);
+      }
+      TransferRecord* canonical = ready.back();  // the newest to become ready
+      ready.pop_back();
+      // `it` may be invalidated below (the hash entry goes when its lists empty).
+      for (auto* r : ready) expire_as_orphan(*r, now);
+      for (auto* r : resident) expire_as_orphan(*r, now);
+      if (canonical->spec_) {
+        canonical->spec_->local = true;
+        transition(*canonical, TransferState::resident, now);
+      } else {
+        expire_as_orphan(*canonical, now);
+      }
+    }
+  }
+  evict_residents(now);
+}
+
+void TransferTable::evict_residents(TimePoint now) {
+  while (resident_bytes_ > limits_.resident_capacity_bytes && resident_.head != nullptr) {
+    ++stats_.resident_evictions;
+    expire_as_orphan(*resident_.head, now);
+  }
+}
+
+void TransferTable::reclaim(std::string_view mm_hash, TimePoint now) {
+  auto it = by_hash_.find(mm_hash);
+  if (it == by_hash_.end()) return;
+  for (auto* r = it->second.by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) r->spec_.reset();
+  std::vector<TransferRecord*> resident;
+  for (auto* r = it->second.by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
+    resident.push_back(r);
+  }
+  for (auto* r : resident) expire_as_orphan(*r, now);
+}
+
+bool TransferTable::mark_unavailable(std::string_view transfer_id, TimePoint now) {
+  TransferRecord* r = find_mutable(transfer_id);
+  if (r == nullptr || is_terminal(r->state_)) return false;
+  const std::string owner = r->state_ == TransferState::loading ? r->load_owner_ : std::string();
+  if (!transition(*r, TransferState::unavailable, now)) return false;
+  notify(*r, owner);
+  return true;
+}
+
+bool TransferTable::cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash,
+                           std::string_view request_id) {
+  using S = TransferState;
+  TransferRecord* r = find_mutable(transfer_id);
+  if (r == nullptr) {
+    // A tombstone against a readiness event that may still be on its way.
+    r = &create(transfer_id, request_id, mm_hash);
+    enter_state(*r, now);
+    return transition(*r, S::cancelled, now);
+  }
+  if (!mm_hash.empty() && !r->mm_hash_.empty() && r->mm_hash_ != mm_hash) return false;
+  if (!request_id.empty()) {
+    std::erase(r->waiters_, request_id);
+    if (!r->waiters_.empty()) return false;  // another request still waits for it
+  }
+  switch (r->state_) {
+    case S::cancelled:
+    case S::ready:
+    case S::resident:
+    case S::failed:
+    case S::loading:
+      return false;
+    default:
+      break;
+  }
+  return transition(*r, S::cancelled, now);
+}
+
+void TransferTable::withdraw(std::string_view transfer_id, std::string_view request_id) {
+  if (TransferRecord* r = find_mutable(transfer_id)) std::erase(r->waiters_, request_id);
+}
+
+void TransferTable::expire(TimePoint now, std::vector<std::string>& remote_cancels) {
+  auto due = [now](const RecordList& list) {
+    return list.head && list.head->deadline_ && *list.head->deadline_ <= now;
+  };
+  while (due(waiting_)) {
+    TransferRecord& r = *waiting_.head;
+    ++stats_.pushes_never_arrived;
+    logger()->warn(
+        "EC waited for a push of mm_hash={} (transfer_id={}) that never arrived; requests needing it fail with a "
+        "retryable error.",
+        shorten(r.mm_hash_), shorten(r.transfer_id_));
+    transition(r, TransferState::unavailable, now);
+    if (!r.invented_name_) remote_cancels.push_back(r.transfer_id_);
+  }
+  while (due(available_)) {
+    TransferRecord& r = *available_.head;
+    transition(r, TransferState::expired, now);
+    remote_cancels.push_back(r.transfer_id_);
+  }
+  while (due(loading_)) {
+    TransferRecord& r = *loading_.head;
+    ++stats_.load_deadlines;
+    logger()->warn("EC load of mm_hash={} (transfer_id={}) was not reported within its deadline; failing request {}",
+                   shorten(r.mm_hash_), shorten(r.transfer_id_), shorten(r.load_owner_));
+    const std::string owner = r.load_owner_;
+    r.load_owner_.clear();
+    transition(r, TransferState::unavailable, now);
+    notify(r, owner);
+    remote_cancels.push_back(r.transfer_id_);
+  }
+  while (due(tombstones_)) erase_record(*tombstones_.head);
+}
+
+std::vector<std::string> TransferTable::take_unavailable_requests() {
+  std::vector<std::string> out(pending_unavailable_.begin(), pending_unavailable_.end());
+  pending_unavailable_.clear();
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void TransferTable::forget_pending_request(std::string_view request_id) {
+  auto it = pending_unavailable_.find(request_id);
+  if (it != pending_unavailable_.end()) pending_unavailable_.erase(it);
+}
+
+std::vector<std::string> TransferTable::drain_orphaned() { return std::exchange(orphans_, {}); }
+
+Status TransferTable::check_invariants() const {
+  auto fail = [](std::string msg) { return internal_error(std::move(msg)); };
+  // Each ordering list: linked consistently, sorted by deadline where it is a
+  // deadline list, holding exactly the records that claim membership.
+  std::array<std::size_t, 6> claimed{};
+  std::uint64_t bytes = 0;
+  std::size_t terminal = 0;
+  std::array<std::size_t, kLiveStateCount> live_in_state{};
+  for (const auto& [id, r] : records_) {
+    if (id != r.transfer_id_) return fail("record key differs from its transfer_id " + id);
+    if (r.order_list_ > kTombstones) return fail("bad order list for " + id);
+    ++claimed[r.order_list_];
+    const bool term = is_terminal(r.state_);
+    if (term) {
+      ++terminal;
+      if (r.order_list_ != kTombstones) return fail("terminal record outside the tombstones: " + id);
+      if (!r.waiters_.empty()) return fail("terminal record with waiters: " + id);
+    }
+    auto expect_list = [&](unsigned char which) -> Status {
+      if (r.order_list_ != which) {
+        return fail(fmt::format("{} in {} sits in order list {}", id, transfer_state_name(r.state_), r.order_list_));
+      }
+      return Status::ok();
+    };
+    switch (r.state_) {
+      case TransferState::waiting_event:
+        ECX_RETURN_IF_ERROR(expect_list(r.deadline_ ? kWaiting : kNoList));
+        break;
+      case TransferState::available:
+        ECX_RETURN_IF_ERROR(expect_list(kAvailable));
+        if (!r.spec_) return fail("available record without spec: " + id);
+        break;
+      case TransferState::loading:
+        ECX_RETURN_IF_ERROR(expect_list(kLoading));
+        break;
+      case TransferState::ready:
+        ECX_RETURN_IF_ERROR(expect_list(kNoList));
+        break;
+      case TransferState::resident:
+        ECX_RETURN_IF_ERROR(expect_list(kResident));
+        if (!r.spec_) return fail("resident record without spec: " + id);
+        bytes += r.spec_->spec.nbytes();
+        break;
+      default:
+        break;
+    }
+    if (r.state_ != TransferState::waiting_event && !r.waiters_.empty()) return fail("waiters outside waiting: " + id);
+    if (!term && !r.mm_hash_.empty()) {
+      ++live_in_state[idx(r.state_)];
+      auto it = by_hash_.find(r.mm_hash_);
+      if (it == by_hash_.end()) return fail("live record missing from its hash index: " + id);
+      bool found = false;
+      for (auto* p = it->second.by_state[idx(r.state_)].head; p; p = p->hash_hook_.next) found |= (p == &r);
+      if (!found) return fail("record not in its hash's state list: " + id);
+    }
+  }
+  for (unsigned char which = kWaiting; which <= kTombstones; ++which) {
+    const RecordList* list = order_list(which);
+    std::size_t n = 0;
+    const TransferRecord* prev = nullptr;
+    for (auto* p = list->head; p; p = p->order_hook_.next) {
+      if (p->order_hook_.prev != prev) return fail("broken back link in order list");
+      if (p->order_list_ != which) return fail("record in the wrong order list: " + p->transfer_id_);
+      if (which != kResident && prev && *prev->deadline_ > *p->deadline_) {
+        return fail("deadline list out of order at " + p->transfer_id_);
+      }
+      prev = p;
+      ++n;
+    }
+    if (list->tail != prev || n != list->size || n != claimed[which]) {
+      return fail(fmt::format("order list {} holds {} records, size says {}, records claim {}", which, n, list->size,
+                              claimed[which]));
+    }
+  }
+  std::array<std::size_t, kLiveStateCount> indexed{};
+  for (const auto& [hash, index] : by_hash_) {
+    if (index.empty()) return fail("empty hash index kept for " + hash);
+    for (std::size_t s = 0; s < kLiveStateCount; ++s) {
+      std::size_t n = 0;
+      for (auto* p = index.by_state[s].head; p; p = p->hash_hook_.next) {
+        if (p->mm_hash_ != hash || idx(p->state_) != s) return fail("hash index disagrees with " + p->transfer_id_);
+        ++n;
+      }
+      if (n != index.by_state[s].size) return fail("hash index size mismatch for " + hash);
+      indexed[s] += n;
+    }
+  }
+  if (indexed != live_in_state) return fail("hash index counts differ from live records");
+  if (bytes != resident_bytes_)
+    return fail(fmt::format("resident bytes {} but records sum to {}", resident_bytes_, bytes));
+  if (terminal != tombstones_.size) return fail("tombstone count differs from terminal records");
+  if (tombstones_.size > limits_.tombstone_max) return fail("tombstones beyond their bound");
+  if (resident_bytes_ > limits_.resident_capacity_bytes) return fail("resident bytes beyond the capacity");
+  return Status::ok();
+}
+
+}  // namespace ecx::scheduler

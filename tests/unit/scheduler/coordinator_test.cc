@@ -1,0 +1,329 @@
+#include "ecx/scheduler/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include "fakes.h"
+
+namespace ecx::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Harness;
+using testing::request;
+using S = TransferState;
+
+S state_of(const SchedulerCoordinator& c, const std::string& id) {
+  const auto* r = c.table().find(id);
+  return r ? r->state() : S::failed;
+}
+
+// ------------------------------------------------------------------ producer
+
+TEST(CoordinatorProducer, PlansOnePushPerTransferIdAndEmitsItOnce) {
+  Harness h(testing::producer_options());
+  auto r = request("r1", {"h0", "h1"}, {"t0", "t1"}, "tcp://consumer:14579");
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  h.coordinator.update_state_after_alloc(r, 0);
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  auto meta = h.step();
+  ASSERT_EQ(meta.pushes.size(), 2u);
+  EXPECT_EQ(meta.pushes[0].transfer_id, "t0");
+  EXPECT_EQ(meta.pushes[0].mm_hash, "h0");
+  EXPECT_EQ(meta.pushes[0].consumer_zmq, "tcp://consumer:14579");
+  EXPECT_EQ(meta.pushes[0].request_id, "r1");
+  EXPECT_EQ(meta.pushes[0].spec, testing::spec_of(4, 16, DType::bfloat16));
+  EXPECT_TRUE(h.step().pushes.empty());              // a later step emits nothing for the same request
+  EXPECT_FALSE(h.coordinator.has_cache_item("h0"));  // producers never claim items
+}
+
+TEST(CoordinatorProducer, SkipsComputedItemsAndRequestsWithoutConsumer) {
+  Harness h(testing::producer_options());
+  auto r = request("r1", {"h0", "h1"}, {"t0", "t1"}, "tcp://consumer:14579");
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 10));  // item 0 covers tokens 0..9
+  auto meta = h.step();
+  ASSERT_EQ(meta.pushes.size(), 1u);
+  EXPECT_EQ(meta.pushes[0].transfer_id, "t1");
+  auto no_consumer = request("r2", {"h5"}, {"t5"});
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(no_consumer, 0));
+  EXPECT_TRUE(h.step().pushes.empty());
+}
+
+TEST(CoordinatorProducer, UsesTheCallersOutputSpecWhenGiven) {
+  Harness h(testing::producer_options());
+  auto r = request("r1", {"h0"}, {"t0"}, "tcp://c:1");
+  r.mm_features[0].output_spec = testing::spec_of(7, 3, DType::float32);
+  h.coordinator.ensure_cache_available(r, 0);
+  auto meta = h.step();
+  ASSERT_EQ(meta.pushes.size(), 1u);
+  EXPECT_EQ(meta.pushes[0].spec, testing::spec_of(7, 3, DType::float32));
+}
+
+TEST(CoordinatorProducer, UnknownEncoderWidthFailsTheRequestInsteadOfPushingGarbage) {
+  auto options = testing::producer_options();
+  options.encoder_output_width = 0;
+  Harness h(options);
+  auto r = request("r1", {"h0"}, {"t0"}, "tcp://c:1");
+  h.coordinator.ensure_cache_available(r, 0);
+  EXPECT_TRUE(h.step().pushes.empty());
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+}
+
+TEST(CoordinatorProducer, RequestFinishedReportsItemsWithTransferIds) {
+  Harness h(testing::producer_options());
+  auto r = request("r1", {"h0", "h1"}, {"t0"}, "tcp://c:1");
+  h.coordinator.ensure_cache_available(r, 0);
+  auto finished = h.coordinator.request_finished(r);
+  EXPECT_FALSE(finished.delay_free);
+  ASSERT_TRUE(finished.params);
+  const auto& p = *finished.params;
+  EXPECT_EQ(p["h0"]["transfer_id"], "t0");
+  EXPECT_EQ(p["h0"]["item_indices"], nlohmann::json::array({0}));
+  EXPECT_FALSE(p["h1"].contains("transfer_id"));  // unresolved: pushed under an invented name
+  ASSERT_TRUE(p.contains("ec_items"));
+  EXPECT_EQ(p["ec_items"].size(), 2u);
+  EXPECT_EQ(p["ec_items"][0]["transfer_id"], "t0");
+  EXPECT_EQ(p["ec_items"][1]["transfer_id"], "r1:1");
+  // The prepared ids are forgotten: a new request naming t0 plans it again.
+  auto again = request("r2", {"h0"}, {"t0"}, "tcp://c:1");
+  h.step();
+  h.coordinator.ensure_cache_available(again, 0);
+  EXPECT_EQ(h.step().pushes.size(), 1u);
+  EXPECT_FALSE(h.coordinator.request_finished(request("r3", {}, {})).params);
+}
+
+TEST(CoordinatorProducer, StoreCandidatesExcludePreemptedRequests) {
+  auto options = testing::producer_options();
+  options.cross_encoder_cache = true;
+  Harness h(options);
+  auto a = request("ra", {"ha"}, {"ta"});
+  auto b = request("rb", {"hb"}, {"tb"});
+  auto audio = request("rc", {"hc"}, {"tc"});
+  audio.mm_features[0].modality = "audio";
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.update_state_after_alloc(audio, 0);
+  auto meta = h.step(StepView{{}, {"rb"}});
+  ASSERT_EQ(meta.store_candidates.size(), 1u);
+  EXPECT_EQ(meta.store_candidates[0].mm_hash, "ha");
+  EXPECT_TRUE(h.step().store_candidates.empty());
+}
+
+TEST(CoordinatorProducer, FailedSavesFailTheirRequestsOnce) {
+  Harness h(testing::producer_options());
+  h.coordinator.update_connector_output(WorkerOutput{{}, {}, {}, true, {"r1", "r2"}});
+  EXPECT_TRUE(h.coordinator.has_pending_push_work());
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), (std::vector<std::string>{"r1", "r2"}));
+  h.coordinator.update_connector_output(WorkerOutput{{}, {}, {}, false, {"r1"}});
+  EXPECT_FALSE(h.coordinator.has_pending_push_work());
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+}
+
+// ------------------------------------------------------------------ consumer
+
+TEST(CoordinatorConsumer, HappyPathFromReadinessToResident) {
+  Harness h;
+  auto r = request("r1", {"h0"}, {"t0"});
+  h.events->ready("t0", "h0");
+  EXPECT_TRUE(h.coordinator.has_cache_item("h0"));
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::available);
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));  // load started
+  EXPECT_TRUE(h.coordinator.has_pending_push_work());
+  auto meta = h.step();
+  ASSERT_EQ(meta.loads.size(), 1u);
+  EXPECT_EQ(meta.loads[0].transfer_id, "t0");
+  EXPECT_EQ(meta.loads[0].mm_hash, "h0");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));  // still loading
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::ready);
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(h.coordinator.has_cache_item("h0"));
+  h.coordinator.update_state_after_alloc(r, 0);
+  h.coordinator.update_state_after_free(r, 0);  // READY refuses: the worker's take consumed it
+  EXPECT_EQ(h.coordinator.stats().cancels_queued, 0u);
+  h.coordinator.request_finished(r);
+  auto freed = h.step(StepView{{"h0"}, {}});
+  EXPECT_EQ(freed.freed, std::vector<std::string>{"h0"});
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+}
+
+TEST(CoordinatorConsumer, RequestsWithoutTransferParamsAreNotGated) {
+  Harness h;
+  RequestView r;
+  r.request_id = "plain";
+  r.mm_features.push_back(testing::feature("h0"));
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_EQ(h.coordinator.table().size(), 0u);
+}
+
+TEST(CoordinatorConsumer, MalformedParamsFailTheRequestOnceWithoutThrowing) {
+  Harness h;
+  RequestView r;
+  r.request_id = "bad";
+  r.mm_features.push_back(testing::feature("h0"));
+  r.set_ec_transfer_params_text(R"({"ec_items": [{"transfer_id": 12}]})");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  h.coordinator.update_state_after_alloc(r, 0);
+  h.coordinator.update_state_after_free(r, 0);
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"bad"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+  EXPECT_EQ(h.coordinator.stats().malformed_requests, 1u);
+}
+
+TEST(CoordinatorConsumer, MalformedEventsCostOnlyThemselves) {
+  Harness h;
+  TransferEvent no_spec;
+  no_spec.transfer_id = "t1";
+  no_spec.mm_hash = "h1";
+  h.events->push(no_spec);
+  TransferEvent bad_id;
+  bad_id.transfer_id = "bad id with spaces";
+  bad_id.mm_hash = "h1";
+  bad_id.spec = testing::spec_of(2);
+  h.events->push(bad_id);
+  h.events->ready("t2", "h2");
+  EXPECT_TRUE(h.coordinator.has_cache_item("h2"));
+  EXPECT_EQ(h.coordinator.stats().events_malformed, 2u);
+  EXPECT_EQ(h.coordinator.table().find("t1"), nullptr);
+}
+
+TEST(CoordinatorConsumer, FreeCancelsATransferTheRequestNoLongerNeeds) {
+  Harness h;
+  auto r = request("r1", {"h0"}, {"t0"});
+  h.events->ready("t0", "h0");
+  h.coordinator.has_cache_item("h0");  // AVAILABLE, but the request was served otherwise
+  h.coordinator.update_state_after_alloc(r, 0);
+  h.coordinator.update_state_after_free(r, 0);
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::cancelled);
+  h.settle_cancels(1);
+  EXPECT_EQ(h.coordinator.stats().cancels_succeeded, 1u);
+}
+
+TEST(CoordinatorConsumer, RemoteCancelsRunOnTheExecutorAndRetryOnlyFailedShards) {
+  Harness h(testing::consumer_options(), 2, {"tcp://h:1", "tcp://h:2", "tcp://h:3"});
+  h.control->locked([&] { return h.control->cancel_failures["tcp://h:2"] = 1; });
+  h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));  // unknown id: tombstone + remote cancel
+  h.settle_cancels(4);
+  auto calls = h.control->locked([&] { return h.control->cancel_calls; });
+  ASSERT_EQ(calls.size(), 4u);
+  EXPECT_EQ(calls[3].first, "tcp://h:2");  // round 2 retries only the failed shard
+  auto threads = h.control->locked([&] { return h.control->threads; });
+  EXPECT_FALSE(threads.contains(std::this_thread::get_id()));
+  EXPECT_EQ(h.coordinator.stats().cancels_succeeded, 1u);
+  EXPECT_EQ(h.control->locked([&] { return h.control->discover_addresses; }),
+            std::vector<std::string>{"tcp://127.0.0.1:14579"});
+}
+
+TEST(CoordinatorConsumer, ACancelThatFailsTwiceIsLoggedAsFailedNextStep) {
+  Harness h(testing::consumer_options(), 1, {"tcp://h:1"});
+  h.control->locked([&] { return h.control->cancel_failures["tcp://h:1"] = 5; });
+  h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));
+  h.settle_cancels(2);
+  EXPECT_EQ(h.coordinator.stats().cancels_failed, 1u);
+  EXPECT_EQ(h.control->locked([&] { return h.control->cancel_calls.size(); }), 2u);
+}
+
+TEST(CoordinatorConsumer, HooksDoNotWaitForAnInFlightCancel) {
+  Harness h;
+  h.control->locked([&] { return h.control->gated = true; });
+  h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));
+  ASSERT_TRUE(h.control->wait_discovers(1));
+  // The cancel RPC is blocked; every hook still returns at once.
+  h.events->ready("t1", "h1");
+  EXPECT_TRUE(h.coordinator.has_cache_item("h1"));
+  h.step();
+  EXPECT_EQ(h.coordinator.pending_remote_cancels(), 1u);
+  h.control->open_gate();
+  h.settle_cancels(1);
+  EXPECT_EQ(h.coordinator.pending_remote_cancels(), 0u);
+}
+
+TEST(CoordinatorConsumer, CloseJoinsTheExecutorAndClosesCollaboratorsOnce) {
+  Harness h;
+  h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));
+  h.coordinator.close();
+  h.coordinator.close();
+  EXPECT_TRUE(h.events->closed);
+  EXPECT_TRUE(h.control->locked([&] { return h.control->closed; }));
+  h.coordinator.request_finished(request("r2", {"h1"}, {"t1"}));  // after close: counted, not sent
+  EXPECT_GE(h.coordinator.stats().cancels_dropped, 1u);
+}
+
+TEST(CoordinatorConsumer, RequestFinishedCancelsBindingsThatMatchNoFeature) {
+  Harness h;
+  RequestView r = request("r1", {"h0"}, {"t0"});
+  r.set_ec_transfer_params(
+      nlohmann::json::parse(R"({"ec_items": [{"transfer_id": "t0"}, {"mm_hash": "zz", "transfer_id": "t-extra"}]})"));
+  h.coordinator.request_finished(r);
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::cancelled);
+  EXPECT_EQ(state_of(h.coordinator, "t-extra"), S::cancelled);
+  h.settle_cancels(2);
+}
+
+TEST(CoordinatorConsumer, LoadsOfAFinishedRequestThatNeverAllocatedThemAreFreed) {
+  Harness h;
+  auto r = request("r1", {"h0", "h1"}, {"t0", "t1"});
+  h.events->ready("t0", "h0");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  h.coordinator.request_finished(r);  // aborted while waiting for h1
+  auto meta = h.step();
+  EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+}
+
+TEST(CoordinatorConsumer, PartialShardReadinessIsBounded) {
+  auto options = testing::consumer_options();
+  options.max_pending_shard_events = 3;
+  Harness h(options, 2);
+  for (int i = 0; i < 5; ++i) h.events->ready("t" + std::to_string(i), "h" + std::to_string(i), 4, 14579);
+  h.coordinator.has_cache_item("x");
+  EXPECT_EQ(h.coordinator.stats().partial_dropped, 2u);
+  h.step();
+  h.events->ready("t0", "h0", 4, 14580);  // t0's first half was dropped
+  h.events->ready("t4", "h4", 4, 14580);
+  EXPECT_FALSE(h.coordinator.has_cache_item("h0"));
+  EXPECT_TRUE(h.coordinator.has_cache_item("h4"));
+}
+
+TEST(CoordinatorConsumer, ShardsThatDisagreeOnTheSpecFailTheTransfer) {
+  Harness h(testing::consumer_options(), 2);
+  auto r = request("r1", {"h0"}, {"t0"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  h.step();
+  h.events->ready("t0", "h0", 4, 14579);
+  h.events->ready("t0", "h0", 5, 14580);
+  EXPECT_FALSE(h.coordinator.has_cache_item("h0"));
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::unavailable);
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+}
+
+TEST(CoordinatorConsumer, FromConfigTakesEveryScheduledKey) {
+  Config c;
+  c.role = Role::both;
+  c.push_wait_timeout_s = 7;
+  c.reservation_ttl_s = 11;
+  c.tombstone_max = 99;
+  c.buffer_size = 5000;
+  c.cross_encoder_cache = true;
+  auto o = CoordinatorOptions::from_config(c, DType::float16, 1234);
+  EXPECT_TRUE(o.is_producer && o.is_consumer);
+  EXPECT_EQ(o.push_wait_timeout, 7s);
+  EXPECT_EQ(o.table.reservation_ttl, 11s);
+  EXPECT_EQ(o.table.tombstone_max, 99u);
+  EXPECT_EQ(o.table.resident_capacity_bytes, 5000u);
+  EXPECT_EQ(o.encoder_output_width, 1234);
+  EXPECT_EQ(o.encoder_dtype, DType::float16);
+  EXPECT_EQ(o.control_address, "tcp://127.0.0.1:14579");
+  c.encoder_output_width = 77;
+  c.resident_capacity_bytes = 300;
+  o = CoordinatorOptions::from_config(c, DType::float16, 1234);
+  EXPECT_EQ(o.encoder_output_width, 77);
+  EXPECT_EQ(o.table.resident_capacity_bytes, 300u);
+}
+
+}  // namespace
+}  // namespace ecx::scheduler
