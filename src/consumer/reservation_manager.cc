@@ -711,6 +711,12 @@ CompletionOutcome ReservationCore::complete_write(std::string_view tid, const Re
     return mode_ok && (rec.state == first || rec.state == S::cancel_pending || rec.state == S::expire_pending);
   };
   Record* r = find(tid);
+  // A one-sided producer repeating its completion, or completing a follower it never
+  // wrote, must not fail its whole batch: both are accepted no-ops.
+  if (one_sided_call && r != nullptr && r->reservation_id == rid && (r->state == S::ready || !r->writer) &&
+      !is_terminal(r->state)) {
+    return CompletionOutcome::repeated;
+  }
   if (r == nullptr || !accepts(*r)) return reject();
 
   std::string reason = ok ? "" : "the payload did not arrive completely";

@@ -127,6 +127,8 @@ std::string_view completion_outcome_name(CompletionOutcome outcome) noexcept {
       return "released";
     case CompletionOutcome::failed:
       return "failed";
+    case CompletionOutcome::repeated:
+      return "repeated";
     case CompletionOutcome::rejected:
       return "rejected";
   }

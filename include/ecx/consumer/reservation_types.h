@@ -141,6 +141,7 @@ enum class CompletionOutcome : unsigned char {
   became_ready,  // the writer (and its followers) are READY
   released,      // the write finished after a cancel/expiry: the record is terminal
   failed,        // transport failure or checksum mismatch: the transfer failed
+  repeated,      // one-sided: already READY, or a follower (nothing to complete); a no-op
   rejected,      // unknown transfer, stale reservation, or no write in progress
 };
 std::string_view completion_outcome_name(CompletionOutcome outcome) noexcept;

@@ -646,6 +646,19 @@ TEST(OneSided, LateCompletionOfAnOldReservationIsRejected) {
   EXPECT_EQ(h.manager->writer_completed("t", fresh.reservation_id), CompletionOutcome::became_ready);
 }
 
+// Lesson 51: a repeated completion, or one for a follower, is an idempotent no-op.
+TEST(OneSided, RepeatedOrFollowerCompletionIsANoOp) {
+  Harness h(4096, LandingMode::one_sided);
+  auto w = h.reserve_writer("w", "img", 100);
+  auto f = as<outcome::Reserved>(h.manager->reserve(request("f", "img", 100)));
+  EXPECT_EQ(h.manager->writer_completed("f", f.reservation_id), CompletionOutcome::repeated);
+  EXPECT_EQ(h.manager->state_of("f"), S::writing);
+  EXPECT_EQ(h.manager->writer_completed("w", w.reservation_id), CompletionOutcome::became_ready);
+  EXPECT_EQ(h.manager->writer_completed("w", w.reservation_id), CompletionOutcome::repeated);
+  EXPECT_EQ(h.manager->writer_completed("w", ReservationId::random()), CompletionOutcome::rejected);
+  EXPECT_EQ(events_of<ReadyEvent>(h.manager->drain_events()).size(), 2u);
+}
+
 TEST(OneSided, RefreshOfAnExpirePendingWriterReleasesIt) {
   Harness h(4096, LandingMode::one_sided);
   auto w = h.reserve_writer("t", "h", 1000);
