@@ -125,8 +125,9 @@ int run_bench_proxy(const BenchFlags& flags) {
     std::cerr << "ecx bench proxy: " << results.status().message() << "\n";
     return 1;
   }
-  std::cout << fmt::format("streaming chat completions, {} in flight, {} SSE events each, {} requests per series\n",
-                           flags.options.concurrency, flags.options.chunks, flags.options.requests);
+  std::cout << fmt::format(
+      "streaming chat completions, {} in flight, {} SSE events each {} us apart, {} requests per series\n",
+      flags.options.concurrency, flags.options.chunks, flags.options.token_interval_us, flags.options.requests);
   std::cout << fmt::format("{:<12} {:>10} {:>10} {:>12} {:>12} {:>10} {:>10} {:>7}\n", "series", "p50_us", "p99_us",
                            "added_p50", "added_p99", "per_s", "ratio", "errors");
   nlohmann::json out = nlohmann::json::array();
@@ -166,6 +167,9 @@ void add_bench_proxy_command(CLI::App& app, Runner& run) {
   cmd->add_option("--requests", flags->options.requests, "requests per series")->capture_default_str();
   cmd->add_option("--warmup", flags->options.warmup, "warm-up requests per series")->capture_default_str();
   cmd->add_option("--chunks", flags->options.chunks, "SSE events per streamed answer")->capture_default_str();
+  cmd->add_option("--token-interval-us", flags->options.token_interval_us,
+                  "the fake decode's pause between two SSE events (0: as fast as possible)")
+      ->capture_default_str();
   cmd->add_option("--json", flags->json_file, "also write the series as JSON to this file");
   cmd->callback([&run, flags] { run = [flags] { return run_bench_proxy(*flags); }; });
 }

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <nlohmann/json.hpp>
 
 #include "ecx/proxy/proxy.h"
@@ -49,7 +51,8 @@ auto on_loop(net::io_context& io, Fn fn) {
 }
 
 // The bench's fake engines (test doubles answering like vLLM, without a model).
-http::Task<void> fake_engine(const http::ServerRequest& req, http::Responder& res, int chunks) {
+http::Task<void> fake_engine(const http::ServerRequest& req, http::Responder& res, int chunks,
+                             Duration token_interval) {
   if (req.path() == "/health") {
     (void)co_await res.send(200, http::content_type("application/json"), "{}");
     co_return;
@@ -74,6 +77,12 @@ http::Task<void> fake_engine(const http::ServerRequest& req, http::Responder& re
         "\"delta\":{{\"content\":\"token{} \"}}}}]}}\n\n",
         i);
     if (!(co_await res.write_chunk(event))) co_return;
+    if (token_interval > Duration::zero()) {  // an engine's pace between two tokens
+      net::steady_timer pace(co_await net::this_coro::executor);
+      pace.expires_after(token_interval);
+      boost::system::error_code ec;
+      co_await pace.async_wait(net::redirect_error(net::use_awaitable, ec));
+    }
   }
   if (!(co_await res.write_chunk("data: [DONE]\n\n"))) co_return;
   (void)co_await res.end_stream();
@@ -109,6 +118,11 @@ http::Task<void> worker(http::Client& client, UpstreamUrl url, std::string body,
   state->wait.done();
 }
 
+http::Task<void> signal_when_done(std::shared_ptr<LoadState> state, std::promise<void>* done) {
+  co_await state->wait.wait();
+  done->set_value();
+}
+
 double percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -131,13 +145,7 @@ ProxyBenchSeries run_series(LoopThread& load, http::Client& client, const std::s
       state->wait.add(static_cast<std::size_t>(options.concurrency));
       for (int i = 0; i < options.concurrency; ++i)
         http::spawn(load.io(), worker(client, url, body, state), "bench worker");
-      http::spawn(
-          load.io(),
-          [](std::shared_ptr<LoadState> s, std::promise<void>& done) -> http::Task<void> {
-            co_await s->wait.wait();
-            done.set_value();
-          }(state, finished),
-          "bench waiter");
+      http::spawn(load.io(), signal_when_done(state, &finished), "bench waiter");
     });
     finished.get_future().wait();
     const double seconds = std::chrono::duration<double>(Steady::now() - start).count();
@@ -158,16 +166,20 @@ ProxyBenchSeries run_series(LoopThread& load, http::Client& client, const std::s
 }  // namespace
 
 Result<std::vector<ProxyBenchSeries>> run_proxy_bench(const ProxyBenchOptions& options) {
-  if (options.concurrency < 1 || options.requests < 1 || options.warmup < 0 || options.chunks < 0) {
+  if (options.concurrency < 1 || options.requests < 1 || options.warmup < 0 || options.chunks < 0 ||
+      options.token_interval_us < 0) {
     return invalid_argument("concurrency and requests must be positive; warm-up and chunks not negative");
   }
   LoopThread fakes;
   const int chunks = options.chunks;
+  const auto pace = std::chrono::duration_cast<Duration>(std::chrono::microseconds(options.token_interval_us));
   auto decode = std::make_unique<http::Server>(
-      fakes.io(), [chunks](http::ServerRequest& req, http::Responder& res) { return fake_engine(req, res, chunks); },
+      fakes.io(),
+      [chunks, pace](http::ServerRequest& req, http::Responder& res) { return fake_engine(req, res, chunks, pace); },
       http::ServerLimits{});
   auto encoder = std::make_unique<http::Server>(
-      fakes.io(), [chunks](http::ServerRequest& req, http::Responder& res) { return fake_engine(req, res, chunks); },
+      fakes.io(),
+      [chunks, pace](http::ServerRequest& req, http::Responder& res) { return fake_engine(req, res, chunks, pace); },
       http::ServerLimits{});
   ECX_RETURN_IF_ERROR(on_loop(fakes.io(), [&] { return decode->listen("127.0.0.1", 0); }));
   ECX_RETURN_IF_ERROR(on_loop(fakes.io(), [&] { return encoder->listen("127.0.0.1", 0); }));

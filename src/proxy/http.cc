@@ -299,6 +299,31 @@ struct Session : Responder {
 
 }  // namespace
 
+namespace {
+
+Task<void> serve_session(std::shared_ptr<Session> session) {
+  co_await session->run();
+  session->server->sessions.erase(session.get());
+}
+
+Task<void> accept_loop(std::shared_ptr<Server::State> state) {
+  while (state->accepting) {
+    error_code ec;
+    tcp::socket socket = co_await state->acceptor.async_accept(net::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      if (!state->accepting) break;
+      logger()->warn("accept failed: {}", ec.message());
+      continue;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    auto session = std::make_shared<Session>(std::move(socket), state);
+    state->sessions.insert(session.get());
+    spawn(state->io, serve_session(std::move(session)), "http session");
+  }
+}
+
+}  // namespace
+
 Server::Server(net::io_context& io, Handler handler, ServerLimits limits)
     : state_(std::make_shared<State>(io, std::move(handler), limits)) {}
 
@@ -316,31 +341,7 @@ Status Server::listen(const std::string& host, std::uint16_t port) {
   if (!ec) acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return unavailable(fmt::format("cannot listen on {}:{}: {}", host, port, ec.message()));
   state_->accepting = true;
-  auto state = state_;
-  spawn(
-      state->io,
-      [](std::shared_ptr<State> s) -> Task<void> {
-        while (s->accepting) {
-          error_code accept_error;
-          tcp::socket socket = co_await s->acceptor.async_accept(net::redirect_error(net::use_awaitable, accept_error));
-          if (accept_error) {
-            if (!s->accepting) break;
-            logger()->warn("accept failed: {}", accept_error.message());
-            continue;
-          }
-          socket.set_option(tcp::no_delay(true), accept_error);
-          auto session = std::make_shared<Session>(std::move(socket), s);
-          s->sessions.insert(session.get());
-          spawn(
-              s->io,
-              [](std::shared_ptr<Session> owned) -> Task<void> {
-                co_await owned->run();
-                owned->server->sessions.erase(owned.get());
-              }(std::move(session)),
-              "http session");
-        }
-      }(std::move(state)),
-      "http acceptor");
+  spawn(state_->io, accept_loop(state_), "http acceptor");
   return Status::ok();
 }
 

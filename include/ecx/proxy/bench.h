@@ -17,6 +17,9 @@ struct ProxyBenchOptions {
   int requests = 4000;  // per series, after warm-up
   int warmup = 256;
   int chunks = 8;  // SSE events per streamed answer
+  // The fake decode's pause between two events (an engine's token pace). 0 makes the
+  // run CPU-bound, which measures throughput rather than per-request overhead.
+  int token_interval_us = 5000;
 };
 
 struct ProxyBenchSeries {
