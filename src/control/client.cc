@@ -1,0 +1,677 @@
+#include "ecx/control/client.h"
+
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <zmq.hpp>
+
+#include "control/counters.h"
+#include "control/zmq_util.h"
+#include "ecx/core/logging.h"
+#include "ecx/wire/codec.h"
+
+namespace ecx::control {
+
+using detail::Counter;
+
+namespace {
+
+constexpr int kDiscoveryAttempts = 2;
+constexpr std::chrono::milliseconds kMaxPollWait{100};
+constexpr std::size_t kMaxRepliesPerTurn = 4096;
+
+long long as_ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
+
+}  // namespace
+
+ClientOptions ClientOptions::from_config(const Config& config) {
+  ClientOptions o;
+  o.default_timeout = config.control_timeout();
+  o.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
+  o.auth_secret = config.auth_secret;
+  o.name = config.engine_id.empty() ? std::string(role_name(config.role)) : config.engine_id;
+  return o;
+}
+
+std::vector<std::string> Topology::control_addresses() const {
+  std::vector<std::string> out;
+  out.reserve(shards.size());
+  for (const auto& shard : shards) out.push_back(shard.control);
+  return out;
+}
+
+struct ControlClient::State {
+  struct Pending {
+    wire::Op op = wire::Op::hello;
+    std::string address;
+    TimePoint deadline;
+    Duration timeout{};
+    ReplyCallback done;
+    std::string frame;  // until sent
+    std::optional<wire::Mac> mac;
+    bool sent = false;
+  };
+  struct Peer {
+    std::string address;
+    zmq::socket_t socket;
+    std::deque<std::uint64_t> outbox;  // ids in send order
+    std::optional<wire::StampIssuer> stamps;
+    std::optional<wire::ReplayGuard> replay;
+    std::size_t in_flight = 0;
+    TimePoint last_used;
+  };
+  struct Submission {
+    std::uint64_t id = 0;
+    std::string address;
+    wire::Request request;
+    Duration timeout{};
+    ReplyCallback done;
+  };
+
+  ClientOptions options;
+  wire::FrameSecurity security;
+  std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
+  zmq::context_t context{1};
+  detail::Wakeup wakeup;
+  std::atomic<std::uint64_t> next_id{1};
+  std::atomic<std::size_t> admitted{0};  // calls accepted and not yet completed
+  std::atomic<bool> stopping{false};
+  std::mutex submit_mutex;
+  std::vector<Submission> submissions;  // guarded by submit_mutex; bounded by max_in_flight
+  bool closed = false;                  // guarded by submit_mutex: no submission is taken any more
+  std::thread thread;
+
+  // I/O thread only.
+  std::unordered_map<std::string, std::unique_ptr<Peer>> peers;
+  std::unordered_map<std::uint64_t, Pending> pending;
+  std::set<std::pair<TimePoint, std::uint64_t>> deadlines;
+
+  mutable std::mutex topology_mutex;
+  std::unordered_map<std::string, Topology> topologies;  // guarded by topology_mutex
+
+  std::array<Counter, wire::kOpCount> sent;
+  Counter replies_ok, replies_error, timeouts, rejected_calls, unmatched_replies, malformed_replies, auth_failures,
+      peers_opened, peers_closed, discoveries_ok, discoveries_failed;
+
+  void submit(std::string address, wire::RequestBody body, Duration timeout, ReplyCallback done);
+  void fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
+               FanOutCallback done);
+  void discover(std::string base, Duration timeout, TopologyCallback done, int attempt);
+
+  void run() noexcept;
+  void loop();
+  void admit(Submission& submission);
+  Peer* peer_for(const std::string& address, Status& error);
+  void flush(Peer& peer);
+  void read(Peer& peer);
+  void on_reply(Peer& peer, detail::Message& message);
+  void expire();
+  void complete(std::uint64_t id, Result<wire::Reply> result);
+  void shutdown();
+};
+
+// ---------------------------------------------------------------- caller side
+
+Result<std::unique_ptr<ControlClient>> ControlClient::create(ClientOptions options) {
+  if (!options.clock) return invalid_argument("ControlClient needs a clock");
+  if (options.max_in_flight == 0 || options.max_peers == 0) {
+    return invalid_argument("max_in_flight and max_peers must be at least 1");
+  }
+  auto security = wire::FrameSecurity::from_secret(options.auth_secret);
+  if (!security) return security.status();
+  auto state = std::make_shared<State>();
+  if (!state->wakeup.valid()) return internal_error("eventfd failed");
+  state->options = std::move(options);
+  state->security = std::move(*security);
+  State* raw = state.get();
+  state->thread = std::thread([raw] { raw->run(); });
+  return std::unique_ptr<ControlClient>(new ControlClient(std::move(state)));
+}
+
+ControlClient::ControlClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ControlClient::~ControlClient() {
+  state_->stopping.store(true, std::memory_order_release);
+  state_->wakeup.notify();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+const ClientOptions& ControlClient::options() const noexcept { return state_->options; }
+
+void ControlClient::State::submit(std::string address, wire::RequestBody body, Duration timeout, ReplyCallback done) {
+  if (timeout <= Duration::zero()) timeout = options.default_timeout;
+  if (stopping.load(std::memory_order_acquire)) {
+    rejected_calls.add();
+    done(cancelled("the control client is shutting down"));
+    return;
+  }
+  if (auto endpoint = detail::parse_tcp_endpoint(address); !endpoint) {
+    rejected_calls.add();
+    done(endpoint.status());
+    return;
+  }
+  if (admitted.fetch_add(1, std::memory_order_acq_rel) >= options.max_in_flight) {
+    admitted.fetch_sub(1, std::memory_order_acq_rel);
+    rejected_calls.add();
+    done(resource_exhausted(fmt::format("{} control requests already in flight", options.max_in_flight)));
+    return;
+  }
+  Submission s;
+  s.id = next_id.fetch_add(1, std::memory_order_relaxed);
+  s.address = std::move(address);
+  s.request.id = s.id;
+  s.request.timeout_ms = static_cast<std::uint32_t>(std::clamp<long long>(as_ms(timeout), 1, 0xffffffffLL));
+  s.request.body = std::move(body);
+  s.timeout = timeout;
+  s.done = std::move(done);
+  {
+    std::unique_lock lock(submit_mutex);
+    if (closed) {
+      lock.unlock();
+      admitted.fetch_sub(1, std::memory_order_acq_rel);
+      rejected_calls.add();
+      s.done(cancelled("the control client is shutting down"));
+      return;
+    }
+    submissions.push_back(std::move(s));
+  }
+  wakeup.notify();
+}
+
+void ControlClient::call_async(std::string address, wire::RequestBody body, Duration timeout, ReplyCallback done) {
+  state_->submit(std::move(address), std::move(body), timeout, std::move(done));
+}
+
+std::future<Result<wire::Reply>> ControlClient::call(std::string address, wire::RequestBody body, Duration timeout) {
+  auto promise = std::make_shared<std::promise<Result<wire::Reply>>>();
+  auto future = promise->get_future();
+  state_->submit(std::move(address), std::move(body), timeout,
+                 [promise](Result<wire::Reply> reply) { promise->set_value(std::move(reply)); });
+  return future;
+}
+
+Result<wire::HelloReply> ControlClient::hello(const std::string& address, Duration timeout) {
+  return reply_body<wire::HelloReply>(call(address, wire::HelloRequest{state_->options.name}, timeout).get());
+}
+
+Result<wire::ReserveBatchReply> ControlClient::reserve_batch(const std::string& address,
+                                                             std::vector<wire::ReserveItem> items, Duration timeout) {
+  const std::size_t count = items.size();
+  auto reply =
+      reply_body<wire::ReserveBatchReply>(call(address, wire::ReserveBatchRequest{std::move(items)}, timeout).get());
+  if (reply && reply->items.size() != count) {
+    return protocol_error(fmt::format("{} answered {} of {} reservation items", address, reply->items.size(), count));
+  }
+  return reply;
+}
+
+Result<wire::CancelReply> ControlClient::cancel(const std::string& address, wire::CancelRequest request,
+                                                Duration timeout) {
+  return reply_body<wire::CancelReply>(call(address, std::move(request), timeout).get());
+}
+
+Result<wire::StatusReply> ControlClient::status(const std::string& address, std::string transfer_id, Duration timeout) {
+  return reply_body<wire::StatusReply>(call(address, wire::StatusRequest{std::move(transfer_id)}, timeout).get());
+}
+
+void ControlClient::State::fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
+                                   FanOutCallback done) {
+  struct Gather {
+    std::mutex mutex;
+    std::vector<std::optional<Result<wire::Reply>>> results;
+    std::size_t remaining = 0;
+    FanOutCallback done;
+  };
+  if (addresses.empty()) {
+    done({});
+    return;
+  }
+  auto gather = std::make_shared<Gather>();
+  gather->results.resize(addresses.size());
+  gather->remaining = addresses.size();
+  gather->done = std::move(done);
+  for (std::size_t i = 0; i < addresses.size(); ++i) {
+    submit(std::move(addresses[i]), body, timeout, [gather, i](Result<wire::Reply> reply) {
+      bool last = false;
+      {
+        std::lock_guard lock(gather->mutex);
+        gather->results[i].emplace(std::move(reply));
+        last = --gather->remaining == 0;
+      }
+      if (!last) return;
+      std::vector<Result<wire::Reply>> out;
+      out.reserve(gather->results.size());
+      for (auto& r : gather->results) out.push_back(std::move(*r));
+      gather->done(std::move(out));
+    });
+  }
+}
+
+void ControlClient::call_all_async(std::vector<std::string> addresses, wire::RequestBody body, Duration timeout,
+                                   FanOutCallback done) {
+  state_->fan_out(std::move(addresses), body, timeout, std::move(done));
+}
+
+std::vector<Result<wire::Reply>> ControlClient::call_all(std::vector<std::string> addresses,
+                                                         const wire::RequestBody& body, Duration timeout) {
+  auto promise = std::make_shared<std::promise<std::vector<Result<wire::Reply>>>>();
+  auto future = promise->get_future();
+  state_->fan_out(std::move(addresses), body, timeout,
+                  [promise](std::vector<Result<wire::Reply>> results) { promise->set_value(std::move(results)); });
+  return future.get();
+}
+
+void ControlClient::State::discover(std::string base, Duration timeout, TopologyCallback done, int attempt) {
+  auto endpoint = detail::parse_tcp_endpoint(base);
+  if (!endpoint) {
+    done(endpoint.status());
+    return;
+  }
+  auto fail_or_retry = [this, base, timeout, done, attempt](const Status& why) {
+    if (attempt < kDiscoveryAttempts) {
+      log->info("discovery of {} failed ({}); retrying", base, why.message());
+      discover(base, timeout, done, attempt + 1);
+      return;
+    }
+    discoveries_failed.add();
+    log->warn("EC consumer at {} did not report its shards: {}", base, why.message());
+    done(unavailable(fmt::format("could not discover every EC consumer shard at {}: {}", base, why.message())));
+  };
+  submit(base, wire::HelloRequest{options.name}, timeout,
+         [this, base, timeout, done, fail_or_retry, host = *endpoint](Result<wire::Reply> reply) {
+           auto first = reply_body<wire::HelloReply>(std::move(reply));
+           if (!first) return fail_or_retry(first.status());
+           const std::vector<std::uint32_t> ports = first->control_ports;
+           if (first->tp_size == 0 || ports.size() != first->tp_size) {
+             return fail_or_retry(
+                 protocol_error(fmt::format("it lists {} control ports for tp_size {}", ports.size(), first->tp_size)));
+           }
+           std::vector<std::string> addresses;
+           for (std::uint32_t port : ports) {
+             if (port == 0 || port > 65535) return fail_or_retry(protocol_error("it lists an invalid port"));
+             addresses.push_back(detail::with_port(host, static_cast<int>(port)));
+           }
+           fan_out(
+               addresses, wire::HelloRequest{options.name}, timeout,
+               [this, base, done, fail_or_retry, host, ports, addresses](std::vector<Result<wire::Reply>> results) {
+                 Topology topology;
+                 topology.base = base;
+                 for (std::size_t r = 0; r < results.size(); ++r) {
+                   auto hello = reply_body<wire::HelloReply>(std::move(results[r]));
+                   auto shard_error = [&](const std::string& why) {
+                     return fail_or_retry(protocol_error(fmt::format("shard {} ({}): {}", r, addresses[r], why)));
+                   };
+                   if (!hello) return shard_error(hello.status().message());
+                   if (hello->shard != r) return shard_error(fmt::format("it says it is shard {}", hello->shard));
+                   if (hello->control_ports != ports) return shard_error("it lists different shard ports");
+                   if (hello->min_version > wire::kProtocolVersion || hello->max_version < wire::kMinProtocolVersion) {
+                     return shard_error(fmt::format("it speaks versions {}..{}, this side {}..{}", hello->min_version,
+                                                    hello->max_version, wire::kMinProtocolVersion,
+                                                    wire::kProtocolVersion));
+                   }
+                   if (hello->event_port == 0) return shard_error("it has no event port");
+                   ShardEndpoint shard;
+                   shard.rank = static_cast<std::uint32_t>(r);
+                   shard.control = addresses[r];
+                   shard.events = detail::with_port(host, static_cast<int>(hello->event_port));
+                   shard.hello = std::move(*hello);
+                   topology.shards.push_back(std::move(shard));
+                 }
+                 {
+                   std::lock_guard lock(topology_mutex);
+                   if (topologies.size() >= options.max_peers) topologies.clear();
+                   topologies[base] = topology;
+                 }
+                 discoveries_ok.add();
+                 done(std::move(topology));
+               });
+         });
+}
+
+void ControlClient::discover_async(std::string base, Duration timeout, TopologyCallback done) {
+  if (auto cached = cached_topology(base)) {
+    done(std::move(*cached));
+    return;
+  }
+  state_->discover(std::move(base), timeout, std::move(done), 1);
+}
+
+Result<Topology> ControlClient::discover(const std::string& base, Duration timeout) {
+  auto promise = std::make_shared<std::promise<Result<Topology>>>();
+  auto future = promise->get_future();
+  discover_async(base, timeout, [promise](Result<Topology> t) { promise->set_value(std::move(t)); });
+  return future.get();
+}
+
+std::optional<Topology> ControlClient::cached_topology(const std::string& base) const {
+  std::lock_guard lock(state_->topology_mutex);
+  auto it = state_->topologies.find(base);
+  if (it == state_->topologies.end()) return std::nullopt;
+  return it->second;
+}
+
+void ControlClient::forget_topology(const std::string& base) {
+  std::lock_guard lock(state_->topology_mutex);
+  state_->topologies.erase(base);
+}
+
+ClientCounters ControlClient::counters() const {
+  const State& s = *state_;
+  ClientCounters c;
+  for (std::size_t i = 0; i < wire::kOpCount; ++i) c.sent[i] = s.sent[i].get();
+  c.replies_ok = s.replies_ok.get();
+  c.replies_error = s.replies_error.get();
+  c.timeouts = s.timeouts.get();
+  c.rejected_calls = s.rejected_calls.get();
+  c.unmatched_replies = s.unmatched_replies.get();
+  c.malformed_replies = s.malformed_replies.get();
+  c.auth_failures = s.auth_failures.get();
+  c.peers_opened = s.peers_opened.get();
+  c.peers_closed = s.peers_closed.get();
+  c.discoveries_ok = s.discoveries_ok.get();
+  c.discoveries_failed = s.discoveries_failed.get();
+  return c;
+}
+
+// ---------------------------------------------------------------- I/O thread
+
+void ControlClient::State::run() noexcept {
+  try {
+    loop();
+  } catch (const std::exception& e) {
+    log->error("control client stopped: {}", e.what());
+  } catch (...) {
+    log->error("control client stopped");
+  }
+  try {
+    shutdown();
+  } catch (...) {
+    log->error("control client shutdown failed");
+  }
+}
+
+void ControlClient::State::loop() {
+  std::vector<Submission> batch;
+  std::vector<zmq_pollitem_t> items;
+  std::vector<Peer*> polled;
+  while (!stopping.load(std::memory_order_acquire)) {
+    {
+      std::lock_guard lock(submit_mutex);
+      batch.swap(submissions);
+    }
+    for (auto& s : batch) admit(s);
+    batch.clear();
+    for (auto& [address, peer] : peers) {
+      if (!peer->outbox.empty()) flush(*peer);
+    }
+
+    items.clear();
+    polled.clear();
+    items.push_back({nullptr, wakeup.fd(), ZMQ_POLLIN, 0});
+    for (auto& [address, peer] : peers) {
+      const short events = static_cast<short>(ZMQ_POLLIN | (peer->outbox.empty() ? 0 : ZMQ_POLLOUT));
+      items.push_back({peer->socket.handle(), 0, events, 0});
+      polled.push_back(peer.get());
+    }
+    std::optional<TimePoint> earliest;
+    if (!deadlines.empty()) earliest = deadlines.begin()->first;
+    const long wait = detail::poll_timeout_ms(options.clock->now(), earliest, kMaxPollWait);
+    if (detail::poll(items, wait) < 0) {
+      log->error("control client poll failed: {}", zmq_strerror(zmq_errno()));
+      return;
+    }
+    if (items[0].revents & ZMQ_POLLIN) wakeup.clear();
+    for (std::size_t i = 0; i < polled.size(); ++i) {
+      if (items[i + 1].revents & ZMQ_POLLIN) read(*polled[i]);
+      if ((items[i + 1].revents & ZMQ_POLLOUT) && !polled[i]->outbox.empty()) flush(*polled[i]);
+    }
+    expire();
+  }
+}
+
+ControlClient::State::Peer* ControlClient::State::peer_for(const std::string& address, Status& error) {
+  if (auto it = peers.find(address); it != peers.end()) return it->second.get();
+  if (peers.size() >= options.max_peers) {
+    // Close the least recently used idle peer to make room.
+    auto victim = peers.end();
+    for (auto it = peers.begin(); it != peers.end(); ++it) {
+      if (it->second->in_flight != 0 || !it->second->outbox.empty()) continue;
+      if (victim == peers.end() || it->second->last_used < victim->second->last_used) victim = it;
+    }
+    if (victim == peers.end()) {
+      error = resource_exhausted(fmt::format("{} control peers are all busy", peers.size()));
+      return nullptr;
+    }
+    peers.erase(victim);
+    peers_closed.add();
+  }
+  auto peer = std::make_unique<Peer>();
+  peer->address = address;
+  try {
+    peer->socket = zmq::socket_t(context, zmq::socket_type::dealer);
+    detail::set_common_options(peer->socket, options.limits);
+    // Queue only to a live connection: a request written while the peer is down
+    // waits in our outbox (bounded by its deadline) instead of reaching a restarted
+    // peer long after its caller gave up.
+    peer->socket.set(zmq::sockopt::immediate, 1);
+    const int hwm = static_cast<int>(std::min<std::size_t>(options.max_in_flight + 16, 1 << 30));
+    peer->socket.set(zmq::sockopt::sndhwm, hwm);
+    peer->socket.set(zmq::sockopt::rcvhwm, hwm);
+    peer->socket.set(zmq::sockopt::reconnect_ivl, 100);
+    peer->socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+    // Detects a peer that vanished without closing its connection.
+    peer->socket.set(zmq::sockopt::heartbeat_ivl, 1000);
+    peer->socket.set(zmq::sockopt::heartbeat_timeout, 5000);
+    peer->socket.connect(address);
+  } catch (const zmq::error_t& e) {
+    error = unavailable(fmt::format("cannot connect to {}: {}", address, e.what()));
+    return nullptr;
+  }
+  if (security.enabled()) {
+    peer->stamps.emplace(options.wall_clock);
+    peer->replay.emplace(wire::ReplayGuard::Options{}, options.wall_clock);
+  }
+  peers_opened.add();
+  Peer* raw = peer.get();
+  peers.emplace(address, std::move(peer));
+  return raw;
+}
+
+void ControlClient::State::admit(Submission& s) {
+  const TimePoint now = options.clock->now();
+  Pending p;
+  p.op = s.request.op();
+  p.address = s.address;
+  p.deadline = now + s.timeout;
+  p.timeout = s.timeout;
+  p.done = std::move(s.done);
+  const std::uint64_t id = s.id;
+  auto refuse = [&](Status why) {
+    rejected_calls.add();
+    admitted.fetch_sub(1, std::memory_order_acq_rel);
+    try {
+      p.done(std::move(why));
+    } catch (...) {
+      log->error("a control reply callback threw");
+    }
+  };
+  Status error;
+  Peer* peer = peer_for(s.address, error);
+  if (!peer) return refuse(error);
+  std::optional<wire::AuthStamp> stamp;
+  if (peer->stamps) stamp = peer->stamps->next();
+  wire::encode_request(s.request, stamp ? &*stamp : nullptr, p.frame);
+  if (p.frame.size() > options.limits.max_frame_bytes) {
+    return refuse(invalid_argument(fmt::format("{} request of {} bytes exceeds the frame limit of {} bytes",
+                                               wire::op_name(p.op), p.frame.size(), options.limits.max_frame_bytes)));
+  }
+  if (security.enabled()) p.mac = security.authenticator->sign(wire::FrameKind::request, p.frame);
+  peer->outbox.push_back(id);
+  peer->in_flight++;
+  peer->last_used = now;
+  deadlines.emplace(p.deadline, id);
+  pending.emplace(id, std::move(p));
+}
+
+void ControlClient::State::flush(Peer& peer) {
+  while (!peer.outbox.empty()) {
+    const std::uint64_t id = peer.outbox.front();
+    auto it = pending.find(id);
+    if (it == pending.end()) {  // timed out before it could be sent
+      peer.outbox.pop_front();
+      continue;
+    }
+    Pending& p = it->second;
+    if (!detail::send_frames(peer.socket, nullptr, p.frame, p.mac ? &*p.mac : nullptr)) return;
+    p.sent = true;
+    std::string().swap(p.frame);
+    sent[static_cast<std::size_t>(p.op)].add();
+    peer.outbox.pop_front();
+  }
+}
+
+void ControlClient::State::read(Peer& peer) {
+  for (std::size_t n = 0; n < kMaxRepliesPerTurn; ++n) {
+    auto message = detail::receive(peer.socket, 2);
+    if (!message) return;
+    on_reply(peer, *message);
+  }
+}
+
+void ControlClient::State::on_reply(Peer& peer, detail::Message& message) {
+  if (message.parts.empty()) return;
+  const std::string_view body = detail::view(message.parts[0]);
+  bool signed_ok = false;
+  if (security.enabled() && message.total_parts == 2) {
+    signed_ok = security.authenticator->verify(wire::FrameKind::reply, body, detail::view(message.parts[1]));
+    if (!signed_ok) {
+      auth_failures.add();
+      log->warn("dropped a reply from {} with a bad MAC", peer.address);
+      return;
+    }
+  } else if (message.total_parts != 1) {
+    malformed_replies.add();
+    return;
+  }
+  wire::Envelope envelope;
+  auto reply = wire::decode_reply(body, options.limits, &envelope);
+  if (!reply) {
+    malformed_replies.add();
+    log->warn("undecodable reply from {}: {}", peer.address, reply.status().message());
+    auto it = pending.find(envelope.id);
+    if (envelope.id != 0 && it != pending.end() && it->second.address == peer.address && !security.enabled()) {
+      complete(envelope.id,
+               protocol_error(fmt::format("undecodable reply from {}: {}", peer.address, reply.status().message())));
+    }
+    return;
+  }
+  if (security.enabled()) {
+    if (signed_ok) {
+      Status fresh = envelope.stamp ? peer.replay->check(*envelope.stamp) : protocol_error("the reply has no stamp");
+      if (!fresh) {
+        auth_failures.add();
+        log->warn("dropped a reply from {}: {}", peer.address, fresh.message());
+        return;
+      }
+    } else if (reply->ok() || (reply->reason != wire::RejectReason::unauthenticated &&
+                               reply->reason != wire::RejectReason::malformed)) {
+      // Unsigned frames are believed only when they refuse us: a forged refusal
+      // costs one request, which a man in the middle could cost anyway.
+      auth_failures.add();
+      log->warn("dropped an unsigned reply from {}", peer.address);
+      return;
+    }
+  }
+  auto it = pending.find(reply->id);
+  if (it == pending.end() || it->second.address != peer.address || !it->second.sent) {
+    unmatched_replies.add();
+    return;
+  }
+  if (reply->ok() && reply->op != it->second.op) {
+    malformed_replies.add();
+    complete(reply->id, protocol_error(fmt::format("{} answered a {} request as {}", peer.address,
+                                                   wire::op_name(it->second.op), wire::op_name(reply->op))));
+    return;
+  }
+  if (reply->ok()) {
+    replies_ok.add();
+  } else {
+    replies_error.add();
+    if (reply->reason == wire::RejectReason::unauthenticated) {
+      log->warn("{} refused authentication: {}", peer.address, reply->status.message());
+    }
+  }
+  const std::uint64_t id = reply->id;
+  complete(id, std::move(*reply));
+}
+
+void ControlClient::State::expire() {
+  const TimePoint now = options.clock->now();
+  while (!deadlines.empty() && deadlines.begin()->first <= now) {
+    const std::uint64_t id = deadlines.begin()->second;
+    auto it = pending.find(id);
+    if (it == pending.end()) {
+      deadlines.erase(deadlines.begin());
+      continue;
+    }
+    timeouts.add();
+    const Pending& p = it->second;
+    std::string text =
+        p.sent ? fmt::format("no reply from {} to {} within {} ms", p.address, wire::op_name(p.op), as_ms(p.timeout))
+               : fmt::format("could not reach {} within {} ms ({} not sent)", p.address, as_ms(p.timeout),
+                             wire::op_name(p.op));
+    complete(id, timeout_error(std::move(text)));
+  }
+}
+
+void ControlClient::State::complete(std::uint64_t id, Result<wire::Reply> result) {
+  auto it = pending.find(id);
+  if (it == pending.end()) return;
+  Pending p = std::move(it->second);
+  pending.erase(it);
+  deadlines.erase({p.deadline, id});
+  if (auto peer = peers.find(p.address); peer != peers.end() && peer->second->in_flight > 0) {
+    peer->second->in_flight--;
+  }
+  admitted.fetch_sub(1, std::memory_order_acq_rel);
+  try {
+    p.done(std::move(result));
+  } catch (const std::exception& e) {
+    log->error("a control reply callback threw: {}", e.what());
+  } catch (...) {
+    log->error("a control reply callback threw");
+  }
+}
+
+void ControlClient::State::shutdown() {
+  // Callbacks may submit again while we fail the pending calls; those are refused
+  // at once because `stopping` is set, so this loop ends.
+  for (;;) {
+    std::vector<Submission> batch;
+    {
+      std::lock_guard lock(submit_mutex);
+      batch.swap(submissions);
+      if (pending.empty()) closed = true;  // the last round: later submits are refused inline
+    }
+    for (auto& s : batch) {
+      admitted.fetch_sub(1, std::memory_order_acq_rel);
+      try {
+        s.done(cancelled("the control client is shutting down"));
+      } catch (...) {
+        log->error("a control reply callback threw");
+      }
+    }
+    if (pending.empty() && batch.empty()) break;
+    std::vector<std::uint64_t> ids;
+    ids.reserve(pending.size());
+    for (const auto& [id, p] : pending) ids.push_back(id);
+    for (std::uint64_t id : ids) complete(id, cancelled("the control client is shutting down"));
+  }
+  peers.clear();
+}
+
+}  // namespace ecx::control

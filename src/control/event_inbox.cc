@@ -1,0 +1,213 @@
+#include "ecx/control/event_inbox.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
+#include <zmq.hpp>
+
+#include "control/counters.h"
+#include "control/zmq_util.h"
+#include "ecx/core/logging.h"
+#include "ecx/wire/auth.h"
+#include "ecx/wire/codec.h"
+
+namespace ecx::control {
+
+using detail::Counter;
+
+namespace {
+
+// Where a discovery running on the client's thread leaves its answer.
+struct DiscoverySlot {
+  std::mutex mutex;
+  std::condition_variable finished;
+  std::optional<Result<Topology>> result;  // guarded by mutex
+};
+
+}  // namespace
+
+struct EventInbox::State {
+  ControlClient& client;
+  InboxOptions options;
+  wire::FrameSecurity security;
+  std::optional<wire::ReplayGuard> replay;
+  std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
+  zmq::context_t context{1};
+  std::optional<zmq::socket_t> pull;
+  std::shared_ptr<DiscoverySlot> discovery;  // running or finished, not yet installed
+  TimePoint next_attempt{};
+  std::atomic<bool> is_subscribed{false};
+  std::atomic<std::size_t> shards{0};
+
+  std::array<Counter, wire::kEventKindCount> received;
+  Counter malformed, unknown, auth_failures, discoveries_started, discoveries_failed;
+
+  State(ControlClient& c, InboxOptions o) : client(c), options(std::move(o)) {}
+
+  void advance();
+  void install(const Topology& topology);
+  std::size_t receive(std::vector<wire::Event>& out);
+  void accept(detail::Message& message, std::vector<wire::Event>& out);
+};
+
+Result<std::unique_ptr<EventInbox>> EventInbox::create(ControlClient& client, InboxOptions options) {
+  if (auto endpoint = detail::parse_tcp_endpoint(options.base_address); !endpoint) return endpoint.status();
+  if (!options.clock) return invalid_argument("EventInbox needs a clock");
+  auto security = wire::FrameSecurity::from_secret(options.auth_secret);
+  if (!security) return security.status();
+  auto state = std::make_unique<State>(client, std::move(options));
+  state->security = std::move(*security);
+  if (state->security.enabled()) state->replay.emplace(wire::ReplayGuard::Options{}, state->options.wall_clock);
+  return std::unique_ptr<EventInbox>(new EventInbox(std::move(state)));
+}
+
+EventInbox::EventInbox(std::unique_ptr<State> state) : state_(std::move(state)) {}
+EventInbox::~EventInbox() = default;
+
+bool EventInbox::subscribed() const noexcept { return state_->is_subscribed.load(std::memory_order_acquire); }
+std::size_t EventInbox::shard_count() const noexcept { return state_->shards.load(std::memory_order_acquire); }
+
+void EventInbox::resubscribe() {
+  State& s = *state_;
+  s.pull.reset();
+  s.is_subscribed.store(false, std::memory_order_release);
+  s.shards.store(0, std::memory_order_release);
+  s.discovery.reset();  // a discovery still running finishes into an orphaned slot
+  s.client.forget_topology(s.options.base_address);
+  s.next_attempt = TimePoint{};
+}
+
+InboxCounters EventInbox::counters() const {
+  const State& s = *state_;
+  InboxCounters c;
+  for (std::size_t i = 0; i < wire::kEventKindCount; ++i) c.received[i] = s.received[i].get();
+  c.malformed = s.malformed.get();
+  c.unknown = s.unknown.get();
+  c.auth_failures = s.auth_failures.get();
+  c.discoveries_started = s.discoveries_started.get();
+  c.discoveries_failed = s.discoveries_failed.get();
+  return c;
+}
+
+std::size_t EventInbox::drain(std::vector<wire::Event>& out) {
+  state_->advance();
+  return state_->pull ? state_->receive(out) : 0;
+}
+
+std::size_t EventInbox::wait_and_drain(std::vector<wire::Event>& out, Duration max_wait) {
+  State& s = *state_;
+  const auto deadline = std::chrono::steady_clock::now() + max_wait;
+  s.advance();
+  if (!s.pull && s.discovery) {
+    std::unique_lock lock(s.discovery->mutex);
+    s.discovery->finished.wait_until(lock, deadline, [&] { return s.discovery->result.has_value(); });
+    lock.unlock();
+    s.advance();
+  }
+  if (!s.pull) return 0;
+  if (const std::size_t n = s.receive(out); n > 0) return n;
+  std::vector<zmq_pollitem_t> items = {{s.pull->handle(), 0, ZMQ_POLLIN, 0}};
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  (void)detail::poll(items, std::max<long>(0, static_cast<long>(left.count())));
+  return s.receive(out);
+}
+
+void EventInbox::State::advance() {
+  if (pull) return;
+  if (!discovery) {
+    if (options.clock->now() < next_attempt) return;
+    discovery = std::make_shared<DiscoverySlot>();
+    discoveries_started.add();
+    client.discover_async(options.base_address, options.discovery_timeout,
+                          [slot = discovery](Result<Topology> topology) {
+                            {
+                              std::lock_guard lock(slot->mutex);
+                              slot->result.emplace(std::move(topology));
+                            }
+                            slot->finished.notify_all();
+                          });
+  }
+  std::optional<Result<Topology>> result;
+  {
+    std::lock_guard lock(discovery->mutex);
+    if (!discovery->result) return;
+    result = std::move(discovery->result);
+  }
+  discovery.reset();
+  if (!*result) {
+    discoveries_failed.add();
+    next_attempt = options.clock->now() + options.retry_interval;
+    log->warn("event channel of {} not subscribed yet: {}", options.base_address, result->status().message());
+    return;
+  }
+  install(**result);
+}
+
+void EventInbox::State::install(const Topology& topology) {
+  try {
+    zmq::socket_t socket(context, zmq::socket_type::pull);
+    detail::set_common_options(socket, options.limits);
+    socket.set(zmq::sockopt::reconnect_ivl, 100);
+    socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+    for (const ShardEndpoint& shard : topology.shards) socket.connect(shard.events);
+    pull.emplace(std::move(socket));
+  } catch (const zmq::error_t& e) {
+    discoveries_failed.add();
+    next_attempt = options.clock->now() + options.retry_interval;
+    log->warn("event channel of {} could not connect: {}", options.base_address, e.what());
+    return;
+  }
+  shards.store(topology.shards.size(), std::memory_order_release);
+  is_subscribed.store(true, std::memory_order_release);
+  log->info("subscribed to the events of {} shard(s) of {}", topology.shards.size(), options.base_address);
+}
+
+std::size_t EventInbox::State::receive(std::vector<wire::Event>& out) {
+  const std::size_t before = out.size();
+  for (std::size_t n = 0; n < options.max_events_per_drain; ++n) {
+    std::optional<detail::Message> message;
+    try {
+      message = detail::receive(*pull, 2);
+    } catch (const zmq::error_t& e) {
+      log->error("event channel failed: {}", e.what());
+      break;
+    }
+    if (!message) break;
+    accept(*message, out);
+  }
+  return out.size() - before;
+}
+
+void EventInbox::State::accept(detail::Message& message, std::vector<wire::Event>& out) {
+  const std::size_t expected = security.enabled() ? 2 : 1;
+  if (message.total_parts != expected || message.parts.empty()) {
+    (security.enabled() ? auth_failures : malformed).add();
+    return;
+  }
+  const std::string_view body = detail::view(message.parts[0]);
+  if (security.enabled() &&
+      !security.authenticator->verify(wire::FrameKind::event, body, detail::view(message.parts[1]))) {
+    auth_failures.add();
+    return;
+  }
+  wire::Envelope envelope;
+  auto event = wire::decode_event(body, options.limits, &envelope);
+  if (!event) {
+    (envelope.reason == wire::RejectReason::unknown_op ? unknown : malformed).add();
+    log->debug("dropped an event: {}", event.status().message());
+    return;
+  }
+  if (replay) {
+    Status fresh = envelope.stamp ? replay->check(*envelope.stamp) : protocol_error("the event has no stamp");
+    if (!fresh) {
+      auth_failures.add();
+      return;
+    }
+  }
+  received[static_cast<std::size_t>(event->kind)].add();
+  out.push_back(std::move(*event));
+}
+
+}  // namespace ecx::control

@@ -1,0 +1,480 @@
+#include "ecx/control/server.h"
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <zmq.hpp>
+
+#include "control/counters.h"
+#include "control/zmq_util.h"
+#include "ecx/core/logging.h"
+#include "ecx/wire/codec.h"
+
+namespace ecx::control {
+
+using detail::Counter;
+
+namespace {
+
+constexpr std::size_t kMaxRequestsPerTurn = 1024;
+constexpr std::chrono::milliseconds kMaxPollWait{100};
+// Warn about the first dropped events, then about every 1000th.
+bool should_log_drop(std::uint64_t dropped) { return dropped <= 5 || dropped % 1000 == 0; }
+
+template <typename... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <typename... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+}  // namespace
+
+ServerOptions ServerOptions::from_config(const Config& config) {
+  ServerOptions o;
+  o.host = config.ec_ip;
+  o.tp_rank = static_cast<std::uint32_t>(config.layout.tp_rank);
+  o.tp_size = static_cast<std::uint32_t>(config.layout.tp_size);
+  o.port = config.control_port() + config.layout.tp_rank;
+  o.event_port = config.event_port == 0 ? 0 : config.event_port + config.layout.tp_rank;
+  for (int r = 0; r < config.layout.tp_size; ++r)
+    o.control_ports.push_back(static_cast<std::uint32_t>(config.control_port() + r));
+  o.event_queue_max = static_cast<std::size_t>(config.event_queue_max);
+  o.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
+  o.auth_secret = config.auth_secret;
+  return o;
+}
+
+struct ControlServer::State {
+  ServerOptions options;
+  std::shared_ptr<ControlHandler> handler;
+  wire::FrameSecurity security;
+  std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
+
+  zmq::context_t context{1};
+  zmq::socket_t router{context, zmq::socket_type::router};
+  zmq::socket_t push{context, zmq::socket_type::push};
+  detail::Wakeup wakeup;
+  int port = 0;
+  int event_port = 0;
+  std::string control_endpoint;
+  std::string event_endpoint;
+  std::string instance = ReservationId::random().to_string();
+  std::vector<std::uint32_t> control_ports;
+
+  // Server thread only.
+  std::optional<wire::StampIssuer> stamps;
+  std::optional<wire::ReplayGuard> replay;
+  std::string scratch;
+  TimePoint next_tick;
+
+  std::atomic<bool> stopping{false};
+  std::thread thread;
+
+  std::mutex events_mutex;
+  std::deque<wire::Event> events;  // guarded by events_mutex; bounded by event_queue_max
+
+  std::array<std::array<Counter, 2>, wire::kOpCount> requests;
+  std::array<Counter, wire::kReserveOutcomeCount> reserve_items;
+  Counter malformed, oversized, unknown_ops, version_mismatches, auth_failures, handler_exceptions, replies_unsent,
+      events_published, events_sent, events_dropped, ticks;
+
+  void run() noexcept;
+  void serve();
+  void handle(detail::Message& message);
+  void reject(const zmq::message_t& identity, std::uint64_t id, wire::RejectReason reason, std::string text, bool sign);
+  void count_reject(wire::RejectReason reason);
+  wire::Reply dispatch(wire::DecodedRequest& decoded);
+  void send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign);
+  bool flush_events();
+  void maybe_tick();
+};
+
+Result<std::unique_ptr<ControlServer>> ControlServer::start(ServerOptions options,
+                                                            std::shared_ptr<ControlHandler> handler) {
+  if (!handler) return invalid_argument("ControlServer needs a handler");
+  if (options.tp_size == 0 || options.tp_rank >= options.tp_size) {
+    return invalid_argument(fmt::format("tp_rank {} is outside tp_size {}", options.tp_rank, options.tp_size));
+  }
+  if (options.event_queue_max == 0) return invalid_argument("event_queue_max must be at least 1");
+  if (!options.clock) return invalid_argument("ControlServer needs a clock");
+  auto security = wire::FrameSecurity::from_secret(options.auth_secret);
+  if (!security) return security.status();
+
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  s.options = std::move(options);
+  s.handler = std::move(handler);
+  s.security = std::move(*security);
+  if (!s.wakeup.valid()) return internal_error("eventfd failed");
+  const std::string bind_control = detail::bind_address(s.options.host, s.options.port);
+  const std::string bind_events = detail::bind_address(s.options.host, s.options.event_port);
+  try {
+    detail::set_common_options(s.router, s.options.limits);
+    detail::set_common_options(s.push, s.options.limits);
+    // Replies to a peer that stopped reading are dropped instead of blocking the loop.
+    s.router.set(zmq::sockopt::sndhwm, 65536);
+    s.router.set(zmq::sockopt::rcvhwm, 65536);
+    s.router.bind(bind_control);
+  } catch (const zmq::error_t& e) {
+    return unavailable(fmt::format("control channel failed to bind {}: {}", bind_control, e.what()));
+  }
+  try {
+    s.push.bind(bind_events);
+  } catch (const zmq::error_t& e) {
+    return unavailable(fmt::format("event channel failed to bind {}: {}", bind_events, e.what()));
+  }
+  auto endpoint_port = [](zmq::socket_t& socket) -> Result<detail::TcpEndpoint> {
+    std::string last = socket.get(zmq::sockopt::last_endpoint);
+    return detail::parse_tcp_endpoint(last);
+  };
+  auto control = endpoint_port(s.router);
+  auto events = endpoint_port(s.push);
+  if (!control) return control.status();
+  if (!events) return events.status();
+  s.port = control->port;
+  s.event_port = events->port;
+  s.control_endpoint = detail::with_port(*control, s.port);
+  s.event_endpoint = detail::with_port(*events, s.event_port);
+  s.control_ports = s.options.control_ports;
+  if (s.control_ports.empty()) {
+    const int base = s.port - static_cast<int>(s.options.tp_rank);
+    for (std::uint32_t r = 0; r < s.options.tp_size; ++r)
+      s.control_ports.push_back(static_cast<std::uint32_t>(base) + r);
+  }
+  if (s.control_ports.size() != s.options.tp_size) {
+    return invalid_argument(
+        fmt::format("control_ports lists {} ports for tp_size {}", s.control_ports.size(), s.options.tp_size));
+  }
+  if (s.security.enabled()) {
+    s.stamps.emplace(s.options.wall_clock);
+    s.replay.emplace(wire::ReplayGuard::Options{}, s.options.wall_clock);
+  }
+  s.next_tick = s.options.clock->now() + s.options.tick_interval;
+  s.log->info("control channel listening on {} (events {}), shard {}/{}{}", s.control_endpoint, s.event_endpoint,
+              s.options.tp_rank, s.options.tp_size, s.security.enabled() ? ", authenticated" : "");
+  s.thread = std::thread([&s] { s.run(); });
+  return std::unique_ptr<ControlServer>(new ControlServer(std::move(state)));
+}
+
+ControlServer::ControlServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+ControlServer::~ControlServer() { stop(); }
+
+void ControlServer::stop() {
+  if (!state_->thread.joinable()) return;
+  state_->stopping.store(true, std::memory_order_release);
+  state_->wakeup.notify();
+  state_->thread.join();
+}
+
+int ControlServer::port() const noexcept { return state_->port; }
+int ControlServer::event_port() const noexcept { return state_->event_port; }
+std::string ControlServer::control_endpoint() const { return state_->control_endpoint; }
+std::string ControlServer::event_endpoint() const { return state_->event_endpoint; }
+const std::string& ControlServer::instance() const noexcept { return state_->instance; }
+
+Status ControlServer::publish(wire::Event event) {
+  State& s = *state_;
+  if (event.kind == wire::EventKind::ready && (!event.spec || event.reservation_id.is_none())) {
+    return invalid_argument("a ready event needs a spec and a reservation id");
+  }
+  if (Status v = validate_transfer_id(event.transfer_id); !v) return v;
+  event.shard = s.options.tp_rank;
+  event.instance = s.instance;
+  std::uint64_t dropped = 0;
+  std::string dropped_id;
+  {
+    std::lock_guard lock(s.events_mutex);
+    if (s.events.size() >= s.options.event_queue_max) {
+      dropped_id = std::move(s.events.front().transfer_id);
+      s.events.pop_front();
+      s.events_dropped.add();
+      dropped = s.events_dropped.get();
+    }
+    s.events.push_back(std::move(event));
+  }
+  s.events_published.add();
+  if (dropped != 0 && should_log_drop(dropped)) {
+    s.log->warn("event backlog full ({} events): dropped the oldest, for transfer_id={} ({} dropped so far)",
+                s.options.event_queue_max, dropped_id, dropped);
+  }
+  s.wakeup.notify();
+  return Status::ok();
+}
+
+ServerCounters ControlServer::counters() const {
+  const State& s = *state_;
+  ServerCounters c;
+  for (std::size_t op = 0; op < wire::kOpCount; ++op) {
+    c.requests[op][0] = s.requests[op][0].get();
+    c.requests[op][1] = s.requests[op][1].get();
+  }
+  for (std::size_t i = 0; i < wire::kReserveOutcomeCount; ++i) c.reserve_items[i] = s.reserve_items[i].get();
+  c.malformed_frames = s.malformed.get();
+  c.oversized_frames = s.oversized.get();
+  c.unknown_ops = s.unknown_ops.get();
+  c.version_mismatches = s.version_mismatches.get();
+  c.auth_failures = s.auth_failures.get();
+  c.handler_exceptions = s.handler_exceptions.get();
+  c.replies_unsent = s.replies_unsent.get();
+  c.events_published = s.events_published.get();
+  c.events_sent = s.events_sent.get();
+  c.events_dropped = s.events_dropped.get();
+  c.ticks = s.ticks.get();
+  return c;
+}
+
+// ---------------------------------------------------------------- server thread
+
+void ControlServer::State::run() noexcept {
+  try {
+    serve();
+  } catch (const std::exception& e) {
+    log->error("control channel on port {} stopped serving: {}", port, e.what());
+  } catch (...) {
+    log->error("control channel on port {} stopped serving", port);
+  }
+}
+
+void ControlServer::State::serve() {
+  bool events_blocked = false;
+  while (!stopping.load(std::memory_order_acquire)) {
+    bool have_events = false;
+    {
+      std::lock_guard lock(events_mutex);
+      have_events = !events.empty();
+    }
+    std::vector<zmq_pollitem_t> items = {
+        {router.handle(), 0, ZMQ_POLLIN, 0},
+        {nullptr, wakeup.fd(), ZMQ_POLLIN, 0},
+        {push.handle(), 0, static_cast<short>(have_events && events_blocked ? ZMQ_POLLOUT : 0), 0},
+    };
+    const long wait =
+        (have_events && !events_blocked) ? 0 : detail::poll_timeout_ms(options.clock->now(), next_tick, kMaxPollWait);
+    if (detail::poll(items, wait) < 0) {
+      log->error("control channel poll failed: {}", zmq_strerror(zmq_errno()));
+      return;
+    }
+    if (items[1].revents & ZMQ_POLLIN) wakeup.clear();
+    for (std::size_t n = 0; n < kMaxRequestsPerTurn; ++n) {
+      auto message = detail::receive(router, 3);  // identity, body, mac
+      if (!message) break;
+      handle(*message);
+    }
+    events_blocked = !flush_events();
+    maybe_tick();
+  }
+}
+
+void ControlServer::State::maybe_tick() {
+  const TimePoint now = options.clock->now();
+  if (now < next_tick) return;
+  ticks.add();
+  try {
+    handler->tick(now);
+  } catch (const std::exception& e) {
+    handler_exceptions.add();
+    log->error("reservation sweep failed: {}", e.what());
+  } catch (...) {
+    handler_exceptions.add();
+    log->error("reservation sweep failed");
+  }
+  next_tick += options.tick_interval;
+  if (next_tick <= now) next_tick = now + options.tick_interval;
+}
+
+// True when the queue is empty; false when the PUSH socket would block.
+bool ControlServer::State::flush_events() {
+  for (;;) {
+    wire::Event event;
+    {
+      std::lock_guard lock(events_mutex);
+      if (events.empty()) return true;
+      event = std::move(events.front());
+      events.pop_front();
+    }
+    std::optional<wire::AuthStamp> stamp;
+    if (stamps) stamp = stamps->next();
+    wire::encode_event(event, stamp ? &*stamp : nullptr, scratch);
+    std::optional<wire::Mac> mac;
+    if (security.enabled()) mac = security.authenticator->sign(wire::FrameKind::event, scratch);
+    if (detail::send_frames(push, nullptr, scratch, mac ? &*mac : nullptr)) {
+      events_sent.add();
+      continue;
+    }
+    // No connected puller, or its queue is full: keep the event, unless the queue
+    // filled up meanwhile, in which case this (the oldest) one is the one dropped.
+    std::lock_guard lock(events_mutex);
+    if (events.size() >= options.event_queue_max) {
+      events_dropped.add();
+    } else {
+      events.push_front(std::move(event));
+    }
+    return false;
+  }
+}
+
+void ControlServer::State::count_reject(wire::RejectReason reason) {
+  switch (reason) {
+    case wire::RejectReason::too_large:
+      oversized.add();
+      break;
+    case wire::RejectReason::unknown_op:
+      unknown_ops.add();
+      break;
+    case wire::RejectReason::version_mismatch:
+      version_mismatches.add();
+      break;
+    case wire::RejectReason::unauthenticated:
+      auth_failures.add();
+      break;
+    case wire::RejectReason::none:
+    case wire::RejectReason::malformed:
+      malformed.add();
+      break;
+  }
+}
+
+void ControlServer::State::reject(const zmq::message_t& identity, std::uint64_t id, wire::RejectReason reason,
+                                  std::string text, bool sign) {
+  count_reject(reason);
+  if (reason == wire::RejectReason::unauthenticated) {
+    log->warn("rejected an unauthenticated control frame: {}", text);
+  } else {
+    log->debug("rejected a control frame ({}): {}", wire::reject_reason_name(reason), text);
+  }
+  send_reply(identity, wire::make_reject_reply(id, reason, std::move(text)), sign);
+}
+
+void ControlServer::State::handle(detail::Message& message) {
+  if (message.parts.empty()) return;
+  const zmq::message_t& identity = message.parts[0];
+  const std::size_t body_parts = message.total_parts - 1;
+  const bool authenticated = security.enabled();
+  const std::string_view body = message.parts.size() > 1 ? detail::view(message.parts[1]) : std::string_view{};
+
+  // Best effort: read the id so that even a refused request gets a prompt answer.
+  auto peek_id = [&]() -> std::uint64_t {
+    wire::Envelope envelope;
+    (void)wire::decode_request(body, options.limits, &envelope);
+    return envelope.id;
+  };
+
+  if (authenticated) {
+    if (body_parts != 2) {
+      const std::uint64_t id = body_parts == 1 ? peek_id() : 0;
+      return reject(identity, id, wire::RejectReason::unauthenticated,
+                    fmt::format("authentication is required: expected 2 parts (body, mac), got {}", body_parts), false);
+    }
+    if (!security.authenticator->verify(wire::FrameKind::request, body, detail::view(message.parts[2]))) {
+      return reject(identity, peek_id(), wire::RejectReason::unauthenticated, "bad MAC (wrong key or altered frame)",
+                    false);
+    }
+  } else if (body_parts != 1) {
+    return reject(identity, body_parts == 2 ? peek_id() : 0, wire::RejectReason::malformed,
+                  body_parts == 2 ? "the frame carries a MAC part but authentication is off on this server"
+                                  : fmt::format("expected 1 part, got {}", body_parts),
+                  false);
+  }
+
+  wire::Envelope envelope;
+  auto decoded = wire::decode_request(body, options.limits, &envelope);
+  if (authenticated) {
+    // Only a frame with a valid MAC gets here; its stamp must be fresh and unseen.
+    Status fresh = envelope.stamp ? replay->check(*envelope.stamp) : protocol_error("the frame has no stamp");
+    if (!fresh) return reject(identity, envelope.id, wire::RejectReason::unauthenticated, fresh.message(), false);
+  }
+  if (!decoded) {
+    return reject(identity, envelope.id, envelope.reason, decoded.status().message(), authenticated);
+  }
+  const wire::Reply reply = dispatch(*decoded);
+  send_reply(identity, reply, authenticated);
+}
+
+void ControlServer::State::send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign) {
+  std::optional<wire::AuthStamp> stamp;
+  if (sign && stamps) stamp = stamps->next();
+  wire::encode_reply(reply, stamp ? &*stamp : nullptr, scratch);
+  std::optional<wire::Mac> mac;
+  if (stamp) mac = security.authenticator->sign(wire::FrameKind::reply, scratch);
+  if (!detail::send_frames(router, &identity, scratch, mac ? &*mac : nullptr)) replies_unsent.add();
+}
+
+wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
+  wire::Request& request = decoded.request;
+  wire::Reply reply;
+  reply.id = request.id;
+  reply.op = request.op();
+  const RequestContext request_context{request.id, options.clock->now(), std::chrono::milliseconds(request.timeout_ms)};
+  auto settle = [&reply](auto result) {
+    if (result) {
+      reply.body = std::move(*result);
+    } else {
+      reply.status = result.status();
+    }
+  };
+  try {
+    std::visit(
+        Overloaded{
+            [&](const wire::HelloRequest& r) {
+              wire::HelloReply hello;
+              handler->describe(hello);
+              hello.shard = options.tp_rank;
+              hello.tp_size = options.tp_size;
+              hello.control_ports = control_ports;
+              hello.event_port = static_cast<std::uint32_t>(event_port);
+              hello.instance = instance;
+              hello.min_version = wire::kMinProtocolVersion;
+              hello.max_version = wire::kProtocolVersion;
+              if (security.enabled() &&
+                  std::find(hello.features.begin(), hello.features.end(), wire::kFeatureAuth) == hello.features.end()) {
+                hello.features.emplace_back(wire::kFeatureAuth);
+              }
+              if (!r.client.empty()) log->debug("hello from {}", r.client);
+              reply.body = std::move(hello);
+            },
+            [&](const wire::ReserveBatchRequest& r) {
+              std::vector<wire::ReserveResult> answered = handler->reserve_batch(request_context, r.items);
+              if (answered.size() != r.items.size()) {
+                log->error("reservation handler answered {} of {} items", answered.size(), r.items.size());
+                answered.resize(r.items.size(), wire::ReserveResult::failed(internal_error("no answer for this item")));
+              }
+              wire::ReserveBatchReply batch;
+              const std::size_t total = r.items.size() + decoded.item_errors.size();
+              batch.items.reserve(total);
+              std::size_t next_valid = 0;
+              std::size_t next_error = 0;
+              for (std::size_t i = 0; i < total; ++i) {
+                if (next_error < decoded.item_errors.size() && decoded.item_errors[next_error].index == i) {
+                  batch.items.push_back(wire::ReserveResult::failed(decoded.item_errors[next_error++].error));
+                } else {
+                  batch.items.push_back(std::move(answered[next_valid++]));
+                }
+                reserve_items[static_cast<std::size_t>(batch.items.back().outcome)].add();
+              }
+              reply.body = std::move(batch);
+            },
+            [&](const wire::CancelRequest& r) { settle(handler->cancel(request_context, r)); },
+            [&](const wire::StatusRequest& r) { settle(handler->status(request_context, r)); },
+            [&](const wire::CompleteRequest& r) { settle(handler->complete(request_context, r)); },
+        },
+        request.body);
+  } catch (const std::exception& e) {
+    handler_exceptions.add();
+    log->error("{} handler failed: {}", wire::op_name(reply.op), e.what());
+    reply.body = std::monostate{};
+    reply.status = internal_error(fmt::format("{} failed on the server: {}", wire::op_name(reply.op), e.what()));
+  } catch (...) {
+    handler_exceptions.add();
+    reply.body = std::monostate{};
+    reply.status = internal_error(fmt::format("{} failed on the server", wire::op_name(reply.op)));
+  }
+  requests[static_cast<std::size_t>(reply.op)][reply.ok() ? 0 : 1].add();
+  return reply;
+}
+
+}  // namespace ecx::control

@@ -1,0 +1,303 @@
+#include <gtest/gtest.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "control_test_util.h"
+#include "ecx/control/client.h"
+#include "ecx/control/server.h"
+#include "ecx/wire/codec.h"
+
+namespace ecx::control {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::item;
+using testing::Latch;
+using testing::local;
+using testing::TestHandler;
+
+struct Fixture : ::testing::Test {
+  void SetUp() override {
+    handler = std::make_shared<TestHandler>();
+    auto s = ControlServer::start(ServerOptions{}, handler);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    server = std::move(*s);
+    auto c = ControlClient::create(ClientOptions{});
+    ASSERT_TRUE(c.is_ok());
+    client = std::move(*c);
+    address = local(server->port());
+  }
+  std::shared_ptr<TestHandler> handler;
+  std::unique_ptr<ControlServer> server;
+  std::unique_ptr<ControlClient> client;
+  std::string address;
+};
+
+using ControlRoundTrip = Fixture;
+
+TEST_F(ControlRoundTrip, HelloDescribesTheShard) {
+  auto hello = client->hello(address, 2s);
+  ASSERT_TRUE(hello.is_ok()) << hello.status().to_string();
+  EXPECT_EQ(hello->shard, 0u);
+  EXPECT_EQ(hello->tp_size, 1u);
+  EXPECT_EQ(hello->control_ports, std::vector<std::uint32_t>{static_cast<std::uint32_t>(server->port())});
+  EXPECT_EQ(hello->event_port, static_cast<std::uint32_t>(server->event_port()));
+  EXPECT_EQ(hello->instance, server->instance());
+  EXPECT_EQ(hello->data.transport, "ucx");
+  EXPECT_EQ(hello->data.address, std::string("\x01\x02\x03\x00", 4));
+  EXPECT_EQ(hello->pool_bytes, 1u << 30);
+  EXPECT_EQ(hello->max_version, wire::kProtocolVersion);
+}
+
+TEST_F(ControlRoundTrip, ReserveBatchAnswersEveryItemInOrder) {
+  auto reply = client->reserve_batch(address, {item("t-1"), item("full-2"), item("cached-3"), item("t-4")}, 2s);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->items.size(), 4u);
+  EXPECT_EQ(reply->items[0].outcome, wire::ReserveOutcome::reserved);
+  EXPECT_EQ(reply->items[0].slot_bytes, 64u);
+  EXPECT_EQ(reply->items[1].outcome, wire::ReserveOutcome::retry);
+  EXPECT_EQ(reply->items[1].retry_after_ms, 7u);
+  EXPECT_EQ(reply->items[2].outcome, wire::ReserveOutcome::ready);
+  EXPECT_TRUE(reply->items[2].cached);
+  EXPECT_EQ(reply->items[3].outcome, wire::ReserveOutcome::reserved);
+  EXPECT_NE(reply->items[0].reservation_id, reply->items[3].reservation_id);
+  const auto c = server->counters();
+  EXPECT_EQ(c.reserve_items[static_cast<int>(wire::ReserveOutcome::reserved)], 2u);
+  EXPECT_EQ(c.reserve_items[static_cast<int>(wire::ReserveOutcome::retry)], 1u);
+  EXPECT_EQ(c.requests[static_cast<int>(wire::Op::reserve_batch)][0], 1u);
+}
+
+TEST_F(ControlRoundTrip, CancelStatusAndErrors) {
+  ASSERT_TRUE(client->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+  auto cancelled = client->cancel(address, wire::CancelRequest{"t-1", {}, true, false}, 2s);
+  ASSERT_TRUE(cancelled.is_ok());
+  EXPECT_TRUE(cancelled->cancelled);
+  cancelled = client->cancel(address, wire::CancelRequest{"t-1", {}, true, false}, 2s);
+  EXPECT_FALSE(cancelled->cancelled);
+
+  auto status = client->status(address, "t-7", 2s);
+  ASSERT_TRUE(status.is_ok());
+  EXPECT_EQ(status->state, "t-7");
+  status = client->status(address, "missing", 2s);
+  EXPECT_EQ(status.status().code(), StatusCode::not_found);
+
+  // `complete` is refused by a shard that lands payloads itself.
+  auto complete = client->call(address, wire::CompleteRequest{"t-1", ReservationId(1, 1), 1}, 2s).get();
+  ASSERT_TRUE(complete.is_ok());
+  EXPECT_FALSE(complete->ok());
+  EXPECT_EQ(complete->status.code(), StatusCode::protocol);
+  EXPECT_EQ(server->counters().requests[static_cast<int>(wire::Op::status)][1], 1u);
+}
+
+TEST_F(ControlRoundTrip, HandlerExceptionIsAnErrorReplyAndTheServerGoesOn) {
+  auto reply = client->reserve_batch(address, {item("boom")}, 2s);
+  EXPECT_EQ(reply.status().code(), StatusCode::internal);
+  EXPECT_NE(reply.status().message().find("handler exploded"), std::string::npos);
+  EXPECT_TRUE(client->reserve_batch(address, {item("t-2")}, 2s).is_ok());
+  EXPECT_EQ(server->counters().handler_exceptions, 1u);
+}
+
+TEST_F(ControlRoundTrip, TenThousandPipelinedRequestsAllMatchTheirReplies) {
+  constexpr int kCount = 10'000;
+  Latch done(kCount);
+  std::atomic<int> matched{0};
+  std::atomic<int> failed{0};
+  for (int i = 0; i < kCount; ++i) {
+    const std::string id = "t-" + std::to_string(i);
+    client->call_async(address, wire::StatusRequest{id}, 60s, [&, id](Result<wire::Reply> reply) {
+      auto status = reply_body<wire::StatusReply>(std::move(reply));
+      if (status && status->state == id) {
+        matched.fetch_add(1);
+      } else {
+        failed.fetch_add(1);
+      }
+      done.count_down();
+    });
+  }
+  ASSERT_TRUE(done.wait(120s));
+  EXPECT_EQ(matched.load(), kCount);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(client->counters().sent[static_cast<int>(wire::Op::status)], static_cast<std::uint64_t>(kCount));
+}
+
+TEST_F(ControlRoundTrip, TooManyInFlightIsRefusedAtOnce) {
+  ClientOptions o;
+  o.max_in_flight = 1;
+  auto small = ControlClient::create(o);
+  ASSERT_TRUE(small.is_ok());
+  // A listener that never answers keeps the first call in flight.
+  zmq::context_t ctx;
+  zmq::socket_t silent(ctx, zmq::socket_type::router);
+  silent.set(zmq::sockopt::linger, 0);
+  silent.bind("tcp://127.0.0.1:*");
+  const std::string silent_address = silent.get(zmq::sockopt::last_endpoint);
+  auto first = (*small)->call(silent_address, wire::HelloRequest{}, 5s);
+  auto second = (*small)->call(silent_address, wire::HelloRequest{}, 5s).get();
+  EXPECT_EQ(second.status().code(), StatusCode::resource_exhausted);
+  small->reset();  // shutting down cancels the call in flight
+  EXPECT_EQ(first.get().status().code(), StatusCode::cancelled);
+}
+
+TEST(ControlDeadlines, LostReplyTimesOutAndTheSocketStaysUsable) {
+  // A hand-driven ROUTER: it ignores the first request and answers the second.
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  const std::string address = router.get(zmq::sockopt::last_endpoint);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+
+  auto lost = client->call(address, wire::StatusRequest{"first"}, 150ms);
+  zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+  ASSERT_EQ(zmq::poll(&item, 1, 5000ms), 1);
+  std::vector<zmq::message_t> first;
+  ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(first)));
+  const auto result = lost.get();
+  EXPECT_EQ(result.status().code(), StatusCode::timeout) << result.status().to_string();
+
+  auto answered = client->call(address, wire::StatusRequest{"second"}, 5s);
+  ASSERT_EQ(zmq::poll(&item, 1, 5000ms), 1);
+  std::vector<zmq::message_t> second;
+  ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(second)));
+  ASSERT_EQ(second.size(), 2u);
+  auto decoded = wire::decode_request(second[1].to_string_view(), wire::Limits{});
+  ASSERT_TRUE(decoded.is_ok());
+  // Answer the late first request too: it must be dropped, not matched.
+  auto first_decoded = wire::decode_request(first[1].to_string_view(), wire::Limits{});
+  ASSERT_TRUE(first_decoded.is_ok());
+  for (const auto* req : {&first_decoded->request, &decoded->request}) {
+    wire::Reply reply;
+    reply.id = req->id;
+    reply.op = wire::Op::status;
+    reply.body = wire::StatusReply{true, "answered", "h", {}, 0, std::nullopt};
+    std::string frame;
+    wire::encode_reply(reply, nullptr, frame);
+    router.send(zmq::buffer(second[0].to_string_view()), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+  auto status = reply_body<wire::StatusReply>(answered.get());
+  ASSERT_TRUE(status.is_ok()) << status.status().to_string();
+  EXPECT_EQ(status->state, "answered");
+  EXPECT_EQ(client->counters().timeouts, 1u);
+}
+
+TEST(ControlDeadlines, NobodyListeningIsATimeout) {
+  // Reserve a port, then close it so nothing listens there.
+  std::string address;
+  {
+    zmq::context_t ctx;
+    zmq::socket_t probe(ctx, zmq::socket_type::router);
+    probe.set(zmq::sockopt::linger, 0);
+    probe.bind("tcp://127.0.0.1:*");
+    address = probe.get(zmq::sockopt::last_endpoint);
+  }
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto result = client->hello(address, 100ms);
+  EXPECT_EQ(result.status().code(), StatusCode::timeout);
+  EXPECT_NE(result.status().message().find("could not reach"), std::string::npos) << result.status().message();
+}
+
+TEST(ControlRestart, ARestartedServerIsReachedAgainBySameClient) {
+  auto handler = std::make_shared<TestHandler>();
+  auto first = testing::must(ControlServer::start(ServerOptions{}, handler));
+  const int port = first->port();
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  ASSERT_TRUE(client->hello(local(port), 2s).is_ok());
+  const std::string first_instance = first->instance();
+  first.reset();
+
+  ServerOptions again;
+  again.port = port;
+  auto second = ControlServer::start(again, handler);
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  auto hello = client->hello(local(port), 10s);
+  ASSERT_TRUE(hello.is_ok()) << hello.status().to_string();
+  EXPECT_NE(hello->instance, first_instance);
+}
+
+TEST(ControlDiscovery, FindsEveryShardAndCachesOnSuccessOnly) {
+  auto handler = std::make_shared<TestHandler>();
+  auto shards = testing::start_shards(2, handler);
+  ASSERT_EQ(shards.size(), 2u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  const std::string base = local(shards[0]->port());
+  auto topology = client->discover(base, 2s);
+  ASSERT_TRUE(topology.is_ok()) << topology.status().to_string();
+  ASSERT_EQ(topology->shards.size(), 2u);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(topology->shards[r].rank, r);
+    EXPECT_EQ(topology->shards[r].control, local(shards[r]->port()));
+    EXPECT_EQ(topology->shards[r].events, local(shards[r]->event_port()));
+    EXPECT_EQ(topology->shards[r].hello.instance, shards[r]->instance());
+  }
+  const auto hellos = client->counters().sent[static_cast<int>(wire::Op::hello)];
+  ASSERT_TRUE(client->discover(base, 2s).is_ok());
+  EXPECT_EQ(client->counters().sent[static_cast<int>(wire::Op::hello)], hellos) << "served from the cache";
+
+  // Shard 1 gone: discovery fails after two attempts and nothing is cached.
+  client->forget_topology(base);
+  shards[1].reset();
+  auto missing = client->discover(base, 150ms);
+  EXPECT_EQ(missing.status().code(), StatusCode::unavailable);
+  EXPECT_NE(missing.status().message().find("shard 1"), std::string::npos) << missing.status().message();
+  EXPECT_FALSE(client->cached_topology(base).has_value());
+  EXPECT_EQ(client->counters().discoveries_failed, 1u);
+}
+
+TEST(ControlFanOut, EveryShardAnswersConcurrentlyAndFailuresStayPerShard) {
+  auto handler = std::make_shared<TestHandler>();
+  auto shards = testing::start_shards(3, handler);
+  ASSERT_EQ(shards.size(), 3u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  std::vector<std::string> addresses;
+  for (const auto& s : shards) addresses.push_back(local(s->port()));
+  shards[1].reset();
+  const auto start = std::chrono::steady_clock::now();
+  auto results = client->call_all(addresses, wire::StatusRequest{"t-1"}, 200ms);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].is_ok() && results[0]->ok());
+  EXPECT_EQ(results[1].status().code(), StatusCode::timeout);
+  EXPECT_TRUE(results[2].is_ok() && results[2]->ok());
+  // Concurrent, not one after the other: one deadline, not three (generous bound).
+  EXPECT_LT(elapsed, 2s);
+}
+
+TEST(ControlTick, TheSweepRunsEveryIntervalOfTheInjectedClock) {
+  auto clock = std::make_shared<ManualClock>();
+  auto handler = std::make_shared<TestHandler>();
+  ServerOptions o;
+  o.clock = clock;
+  auto server = testing::must(ControlServer::start(o, handler));
+  EXPECT_EQ(server->counters().ticks, 0u);
+  clock->advance(1s);
+  EXPECT_TRUE(handler->wait_for_ticks(1, 5s));
+  clock->advance(1s);
+  EXPECT_TRUE(handler->wait_for_ticks(2, 5s));
+  EXPECT_EQ(server->counters().ticks, 2u);
+}
+
+TEST(ControlServerStart, BindErrorsAreReturned) {
+  auto handler = std::make_shared<TestHandler>();
+  auto first = testing::must(ControlServer::start(ServerOptions{}, handler));
+  ServerOptions clash;
+  clash.port = first->port();
+  auto second = ControlServer::start(clash, handler);
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().code(), StatusCode::unavailable);
+  EXPECT_NE(second.status().message().find("failed to bind"), std::string::npos);
+}
+
+TEST(ControlServerStart, Ipv6Loopback) {
+  auto handler = std::make_shared<TestHandler>();
+  ServerOptions o;
+  o.host = "::1";
+  auto server = ControlServer::start(o, handler);
+  if (!server) GTEST_SKIP() << "no IPv6 loopback here: " << server.status().to_string();
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto hello = client->hello("tcp://[::1]:" + std::to_string((*server)->port()), 2s);
+  EXPECT_TRUE(hello.is_ok()) << hello.status().to_string();
+}
+
+}  // namespace
+}  // namespace ecx::control

@@ -1,0 +1,249 @@
+#include <gtest/gtest.h>
+#include <msgpack.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "control_test_util.h"
+#include "ecx/control/client.h"
+#include "ecx/control/event_inbox.h"
+#include "ecx/control/server.h"
+#include "ecx/wire/codec.h"
+
+namespace ecx::control {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::local;
+using testing::TestHandler;
+
+wire::Event ready_event(const std::string& transfer_id) {
+  wire::Event e;
+  e.kind = wire::EventKind::ready;
+  e.transfer_id = transfer_id;
+  e.mm_hash = "hash-1";
+  e.reservation_id = ReservationId(1, 2);
+  e.generation = 3;
+  e.spec = testing::spec({4, 8});
+  return e;
+}
+
+// Waits (bounded) until `count` events have arrived.
+std::vector<wire::Event> collect(EventInbox& inbox, std::size_t count, std::chrono::milliseconds max_wait = 5000ms) {
+  std::vector<wire::Event> out;
+  const auto deadline = std::chrono::steady_clock::now() + max_wait;
+  while (out.size() < count && std::chrono::steady_clock::now() < deadline) {
+    inbox.wait_and_drain(out, std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now()));
+  }
+  return out;
+}
+
+// Waits (bounded) until the inbox has installed its subscription.
+bool wait_subscribed(EventInbox& inbox, std::vector<wire::Event>& out, std::chrono::milliseconds max_wait = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + max_wait;
+  while (!inbox.subscribed() && std::chrono::steady_clock::now() < deadline) inbox.wait_and_drain(out, 20ms);
+  return inbox.subscribed();
+}
+
+std::unique_ptr<EventInbox> make_inbox(ControlClient& client, const std::string& base, const std::string& secret = "") {
+  InboxOptions o;
+  o.base_address = base;
+  o.auth_secret = secret;
+  o.discovery_timeout = 2s;
+  return testing::must(EventInbox::create(client, o));
+}
+
+TEST(ControlEvents, ReadinessFromEveryShardReachesTheInbox) {
+  auto handler = std::make_shared<TestHandler>();
+  auto shards = testing::start_shards(2, handler);
+  ASSERT_EQ(shards.size(), 2u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, local(shards[0]->port()));
+
+  std::vector<wire::Event> none;
+  EXPECT_EQ(inbox->drain(none), 0u) << "drain never waits for the discovery";
+  ASSERT_TRUE(shards[0]->publish(ready_event("t-0")).is_ok());
+  ASSERT_TRUE(shards[1]->publish(ready_event("t-1")).is_ok());
+  auto events = collect(*inbox, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_TRUE(inbox->subscribed());
+  EXPECT_EQ(inbox->shard_count(), 2u);
+  std::sort(events.begin(), events.end(), [](auto& a, auto& b) { return a.shard < b.shard; });
+  EXPECT_EQ(events[0].transfer_id, "t-0");
+  EXPECT_EQ(events[0].shard, 0u);
+  EXPECT_EQ(events[0].instance, shards[0]->instance());
+  EXPECT_EQ(events[1].transfer_id, "t-1");
+  EXPECT_EQ(events[1].shard, 1u);
+  EXPECT_EQ(events[1].spec, testing::spec({4, 8}));
+  EXPECT_EQ(inbox->counters().received[static_cast<int>(wire::EventKind::ready)], 2u);
+  EXPECT_EQ(shards[0]->counters().events_sent, 1u);
+}
+
+TEST(ControlEvents, PublishRefusesAnEventThatCannotBeSent) {
+  auto handler = std::make_shared<TestHandler>();
+  auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+  wire::Event e = ready_event("t-1");
+  e.spec.reset();
+  EXPECT_EQ(server->publish(e).code(), StatusCode::invalid_argument);
+  EXPECT_EQ(server->publish(ready_event("bad id")).code(), StatusCode::invalid_argument);
+}
+
+TEST(ControlEvents, AFullQueueDropsTheOldestAndCountsThem) {
+  auto handler = std::make_shared<TestHandler>();
+  ServerOptions o;
+  o.event_queue_max = 4;
+  auto server = testing::must(ControlServer::start(o, handler));
+  // Nobody is connected yet, so nothing can leave the queue.
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(server->publish(ready_event("t-" + std::to_string(i))).is_ok());
+  EXPECT_EQ(server->counters().events_dropped, 6u);
+  EXPECT_EQ(server->counters().events_published, 10u);
+
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, local(server->port()));
+  auto events = collect(*inbox, 4);
+  ASSERT_EQ(events.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(events[i].transfer_id, "t-" + std::to_string(6 + i)) << "the newest survive";
+}
+
+TEST(ControlEvents, UndiscoverableConsumerLeavesTheInboxEmptyAndRetriesLater) {
+  std::string address;
+  {
+    zmq::context_t ctx;
+    zmq::socket_t probe(ctx, zmq::socket_type::router);
+    probe.set(zmq::sockopt::linger, 0);
+    probe.bind("tcp://127.0.0.1:*");
+    address = probe.get(zmq::sockopt::last_endpoint);
+  }
+  auto clock = std::make_shared<ManualClock>();
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  InboxOptions o;
+  o.base_address = address;
+  o.discovery_timeout = 50ms;
+  o.retry_interval = 10s;
+  o.clock = clock;
+  auto inbox = testing::must(EventInbox::create(*client, o));
+  std::vector<wire::Event> out;
+  EXPECT_EQ(inbox->wait_and_drain(out, 5s), 0u);  // both discovery attempts time out
+  EXPECT_FALSE(inbox->subscribed());
+  EXPECT_EQ(inbox->drain(out), 0u);  // records the failure
+  EXPECT_EQ(inbox->counters().discoveries_failed, 1u);
+  EXPECT_EQ(inbox->drain(out), 0u);
+  EXPECT_EQ(inbox->counters().discoveries_started, 1u) << "no new attempt before the retry interval";
+  clock->advance(10s);
+  EXPECT_EQ(inbox->drain(out), 0u);
+  EXPECT_EQ(inbox->counters().discoveries_started, 2u);
+}
+
+// A fake shard: answers hello by hand and pushes whatever bytes the test wants.
+struct FakeShard {
+  FakeShard() : router(ctx, zmq::socket_type::router), push(ctx, zmq::socket_type::push) {
+    router.set(zmq::sockopt::linger, 0);
+    push.set(zmq::sockopt::linger, 0);
+    router.bind("tcp://127.0.0.1:*");
+    push.bind("tcp://127.0.0.1:*");
+    port = std::stoi(router.get(zmq::sockopt::last_endpoint).substr(16));
+    event_port = std::stoi(push.get(zmq::sockopt::last_endpoint).substr(16));
+  }
+  // Answers `n` hello requests (bounded wait for each).
+  bool answer_hellos(int n) {
+    for (int i = 0; i < n; ++i) {
+      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(5000)) != 1) return false;
+      std::vector<zmq::message_t> parts;
+      (void)zmq::recv_multipart(router, std::back_inserter(parts));
+      auto request = wire::decode_request(parts.at(1).to_string_view(), wire::Limits{});
+      if (!request) return false;
+      wire::HelloReply hello;
+      hello.control_ports = {static_cast<std::uint32_t>(port)};
+      hello.event_port = static_cast<std::uint32_t>(event_port);
+      hello.instance = "fake";
+      wire::Reply reply;
+      reply.id = request->request.id;
+      reply.op = wire::Op::hello;
+      reply.body = hello;
+      std::string frame;
+      wire::encode_reply(reply, nullptr, frame);
+      router.send(zmq::buffer(parts[0].to_string_view()), zmq::send_flags::sndmore);
+      router.send(zmq::buffer(frame), zmq::send_flags::none);
+    }
+    return true;
+  }
+  zmq::context_t ctx;
+  zmq::socket_t router;
+  zmq::socket_t push;
+  int port = 0;
+  int event_port = 0;
+};
+
+TEST(ControlEvents, MalformedAndUnknownEventsAreCountedAndDropped) {
+  FakeShard shard;
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, local(shard.port));
+  std::vector<wire::Event> out;
+  inbox->drain(out);                    // starts the discovery
+  ASSERT_TRUE(shard.answer_hellos(2));  // base, then every shard
+  ASSERT_TRUE(wait_subscribed(*inbox, out));
+  shard.push.set(zmq::sockopt::sndtimeo, 5000);  // a broken test fails instead of hanging
+
+  std::string good;
+  wire::Event e = ready_event("t-good");
+  e.instance = "fake";
+  wire::encode_event(e, nullptr, good);
+  msgpack::sbuffer unknown;
+  {
+    msgpack::packer<msgpack::sbuffer> pk(unknown);
+    pk.pack_map(5);
+    pk.pack(std::string("v"));
+    pk.pack(1);
+    pk.pack(std::string("ev"));
+    pk.pack(std::string("teleported"));
+    pk.pack(std::string("shard"));
+    pk.pack(0);
+    pk.pack(std::string("instance"));
+    pk.pack(std::string("fake"));
+    pk.pack(std::string("body"));
+    pk.pack_map(0);
+  }
+  const std::vector<std::string> frames = {std::string("\x93\x01", 2), "", good.substr(0, good.size() / 2),
+                                           std::string(unknown.data(), unknown.size()), good};
+  for (const auto& f : frames) shard.push.send(zmq::buffer(f), zmq::send_flags::none);
+  shard.push.send(zmq::str_buffer("two"), zmq::send_flags::sndmore);
+  shard.push.send(zmq::str_buffer("parts"), zmq::send_flags::none);
+  shard.push.send(zmq::buffer(good), zmq::send_flags::none);
+
+  auto events = collect(*inbox, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].transfer_id, "t-good");
+  const auto c = inbox->counters();
+  EXPECT_EQ(c.malformed, 4u);
+  EXPECT_EQ(c.unknown, 1u);
+}
+
+TEST(ControlEvents, AuthenticatedEventsNeedTheRightKey) {
+  auto handler = std::make_shared<TestHandler>();
+  ServerOptions so;
+  so.auth_secret = "shared";
+  auto server = testing::must(ControlServer::start(so, handler));
+  ClientOptions co;
+  co.auth_secret = "shared";
+  auto client = testing::must(ControlClient::create(co));
+
+  auto right = make_inbox(*client, local(server->port()), "shared");
+  auto wrong = make_inbox(*client, local(server->port()), "not-shared");
+  std::vector<wire::Event> out;
+  ASSERT_TRUE(wait_subscribed(*right, out));
+  ASSERT_TRUE(wait_subscribed(*wrong, out)) << "discovery went through the client, which has the key";
+  // PUSH round-robins between the two pullers: publish enough for both.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(server->publish(ready_event("t-" + std::to_string(i))).is_ok());
+  auto good = collect(*right, 10, 3000ms);
+  std::vector<wire::Event> bad;
+  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  while (wrong->counters().auth_failures < 10 && std::chrono::steady_clock::now() < deadline) {
+    wrong->wait_and_drain(bad, 100ms);
+  }
+  EXPECT_EQ(good.size(), 10u);
+  EXPECT_TRUE(bad.empty());
+  EXPECT_EQ(wrong->counters().auth_failures, 10u);
+}
+
+}  // namespace
+}  // namespace ecx::control
