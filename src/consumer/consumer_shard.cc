@@ -1,0 +1,364 @@
+#include "ecx/consumer/consumer_shard.h"
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "ecx/core/logging.h"
+#include "ecx/pool/slab.h"
+#include "ecx/transport/ucx_transport.h"
+#include "ecx/wire/payload_header.h"
+
+namespace ecx::consumer {
+namespace {
+
+Result<pool::Slab> allocate_receive_pool(const Config& config) {
+  pool::SlabOptions options;
+  options.huge_pages = config.huge_pages;
+  options.lock = config.mlock;
+  if (config.buffer_device == "cpu") {
+    options.register_with_cuda = false;
+    return pool::Slab::allocate(pool::MemoryKind::host, config.buffer_size, options);
+  }
+  // A CUDA consumer lands payloads in pinned host memory (Debian's UCX cannot write
+  // device memory); the worker's load copies them to the device.
+  options.cuda_device = config.buffer_device.size() > 5 ? std::stoi(config.buffer_device.substr(5)) : 0;
+  return pool::Slab::allocate(pool::MemoryKind::cuda_pinned, config.buffer_size, options);
+}
+
+wire::Event to_wire(const ReservationEvent& event) {
+  wire::Event out;
+  std::visit(
+      [&out](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        out.transfer_id = e.transfer_id;
+        out.mm_hash = e.mm_hash;
+        if constexpr (std::is_same_v<T, ReadyEvent>) {
+          out.kind = wire::EventKind::ready;
+          out.reservation_id = e.reservation_id;
+          out.spec = e.spec;
+        } else if constexpr (std::is_same_v<T, AbandonedEvent>) {
+          out.kind = wire::EventKind::abandoned;
+        } else {
+          out.kind = wire::EventKind::failed;
+          out.error = unavailable(e.reason);
+        }
+      },
+      event);
+  return out;
+}
+
+wire::ReserveResult to_wire(const ReserveOutcome& result, bool one_sided) {
+  return std::visit(
+      [one_sided](const auto& r) -> wire::ReserveResult {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, outcome::Reserved>) {
+          return wire::ReserveResult::reserved(r.reservation_id, r.generation, r.slot_length, r.write,
+                                               one_sided ? std::optional<std::uint64_t>(r.slot_offset) : std::nullopt);
+        } else if constexpr (std::is_same_v<T, outcome::Ready>) {
+          return wire::ReserveResult::ready(r.reservation_id, r.cached);
+        } else if constexpr (std::is_same_v<T, outcome::Cancelled>) {
+          return wire::ReserveResult::cancelled();
+        } else if constexpr (std::is_same_v<T, outcome::RetryAfter>) {
+          const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(r.delay).count();
+          return wire::ReserveResult::retry(static_cast<std::uint32_t>(std::max<long long>(1, ms)));
+        } else {
+          return wire::ReserveResult::failed(r.status);
+        }
+      },
+      result);
+}
+
+}  // namespace
+
+struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State> {
+  Config config;
+  std::shared_ptr<const Clock> clock;
+  std::shared_ptr<spdlog::logger> log = ecx::log::get("consumer");
+  std::optional<pool::Slab> slab;
+  std::shared_ptr<ReservationManager> reservations;
+  std::unique_ptr<transport::Transport> transport;
+  transport::RegionHandle region;
+  std::string data_address;
+  std::unique_ptr<control::ControlServer> server;
+  std::atomic<control::ControlServer*> publisher{nullptr};
+  std::atomic<std::uint64_t> headers_rejected{0};
+  std::mutex shutdown_mutex;
+  std::optional<DrainReport> drained;
+
+  // Sends every event the reservation manager queued. Any thread.
+  void publish_events() {
+    auto* server_ptr = publisher.load(std::memory_order_acquire);
+    if (server_ptr == nullptr) return;  // not serving yet: events wait (bounded) in the manager
+    for (auto& event : reservations->drain_events()) {
+      if (auto s = server_ptr->publish(to_wire(event)); !s) {
+        log->warn("shard {}: dropping an event for transfer_id={}: {}", config.layout.tp_rank,
+                  std::visit([](const auto& e) { return e.transfer_id; }, event), s.to_string());
+      }
+    }
+  }
+
+  Result<transport::Landing> resolve(std::span<const std::byte> header_bytes, std::uint64_t payload_bytes) {
+    auto header = wire::decode_payload_header(header_bytes);
+    if (!header) {
+      headers_rejected.fetch_add(1, std::memory_order_relaxed);
+      log->warn("shard {}: rejected a payload with an unreadable header: {}", config.layout.tp_rank,
+                header.status().message());
+      return header.status();
+    }
+    if (header->nbytes != payload_bytes) {
+      return invalid_argument(fmt::format("transfer_id={}: header says {} bytes, payload has {}", header->transfer_id,
+                                          header->nbytes, payload_bytes));
+    }
+    const auto resolution =
+        reservations->resolve_landing(header->transfer_id, header->reservation_id, payload_bytes, header->generation);
+    if (!resolution.accepted()) {
+      return unavailable(fmt::format("transfer_id={}: payload refused ({})", header->transfer_id,
+                                     landing_refusal_name(resolution.refusal)));
+    }
+    return transport::Landing{resolution.target->data, resolution.target->length, resolution.target->generation};
+  }
+
+  void landed(std::span<const std::byte> header_bytes, const Status& status) {
+    auto header = wire::decode_payload_header(header_bytes);
+    if (!header) return;  // the resolver accepted it, so this cannot happen
+    if (!status) {
+      log->warn("shard {}: payload for transfer_id={} did not arrive: {}", config.layout.tp_rank, header->transfer_id,
+                status.to_string());
+    }
+    reservations->complete_landing(header->transfer_id, header->reservation_id, status.is_ok(), header->checksum);
+    publish_events();
+  }
+};
+
+namespace {
+
+// The control server's view of the shard; runs on the server's thread.
+class ShardHandler final : public control::ControlHandler {
+ public:
+  explicit ShardHandler(std::shared_ptr<ConsumerShard::State> state) : state_(std::move(state)) {}
+
+  void describe(wire::HelloReply& reply) override {
+    const auto& c = state_->config;
+    reply.data.transport = "ucx";
+    reply.data.address = state_->data_address;
+    reply.features.emplace_back(c.ucx_mode == "put" ? wire::kFeatureOneSided : wire::kFeatureActiveMessages);
+    if (c.checksum) reply.features.emplace_back(wire::kFeatureChecksum);
+    if (!c.auth_secret.empty()) reply.features.emplace_back(wire::kFeatureAuth);
+    reply.pool_bytes = state_->slab->size();
+    reply.max_tensor_bytes = c.effective_max_tensor_bytes();
+  }
+
+  std::vector<wire::ReserveResult> reserve_batch(const control::RequestContext& /*context*/,
+                                                 std::span<const wire::ReserveItem> items) override {
+    std::vector<wire::ReserveResult> results;
+    results.reserve(items.size());
+    const bool one_sided = state_->config.ucx_mode == "put" || state_->config.transport != "ucx";
+    for (const auto& item : items) {
+      ReserveRequest request{item.transfer_id, item.mm_hash, item.spec, item.checksum};
+      results.push_back(to_wire(state_->reservations->reserve(request), one_sided));
+    }
+    state_->publish_events();
+    return results;
+  }
+
+  Result<wire::CancelReply> cancel(const control::RequestContext& /*context*/,
+                                   const wire::CancelRequest& request) override {
+    const auto result = state_->reservations->cancel(
+        CancelRequest{request.transfer_id, request.reservation_id, request.abandon, request.refresh});
+    state_->publish_events();
+    return wire::CancelReply{cancel_accepted(result)};
+  }
+
+  Result<wire::StatusReply> status(const control::RequestContext& /*context*/,
+                                   const wire::StatusRequest& request) override {
+    wire::StatusReply reply;
+    if (auto s = state_->reservations->state_of(request.transfer_id)) {
+      reply.found = true;
+      reply.state = std::string(reservation_state_name(*s));
+    }
+    return reply;
+  }
+
+  Result<wire::CompleteReply> complete(const control::RequestContext& /*context*/,
+                                       const wire::CompleteRequest& request) override {
+    const auto result = state_->reservations->writer_completed(request.transfer_id, request.reservation_id);
+    state_->publish_events();
+    return wire::CompleteReply{result != CompletionOutcome::rejected, result == CompletionOutcome::became_ready};
+  }
+
+  void tick(TimePoint /*now*/) override {
+    state_->reservations->expire();
+    state_->publish_events();
+  }
+
+ private:
+  std::shared_ptr<ConsumerShard::State> state_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config, std::shared_ptr<const Clock> clock) {
+  if (config.transport != "ucx") {
+    return invalid_argument(
+        fmt::format("transport '{}' is not available for consumers in this build; use ucx", config.transport));
+  }
+  auto state = std::make_shared<State>();
+  state->config = config;
+  state->clock = clock ? std::move(clock) : SteadyClock::shared();
+  const int rank = config.layout.tp_rank;
+
+  auto slab = allocate_receive_pool(config);
+  if (!slab)
+    return Status(slab.status().code(), fmt::format("shard {}: receive pool: {}", rank, slab.status().message()));
+  state->slab.emplace(std::move(*slab));
+  state->reservations = std::make_shared<ReservationManager>(
+      ReservationOptions::from_config(config, state->slab->data(), state->slab->size()), state->clock);
+
+  transport::UcxOptions ucx;
+  auto mode = transport::parse_ucx_mode(config.ucx_mode);
+  if (!mode) return mode.status();
+  ucx.mode = *mode;
+  ucx.clock = state->clock;
+  std::weak_ptr<State> weak = state;
+  ucx.resolver = [weak](std::span<const std::byte> header, std::uint64_t bytes) -> Result<transport::Landing> {
+    auto s = weak.lock();
+    if (!s) return unavailable("shard is shutting down");
+    return s->resolve(header, bytes);
+  };
+  ucx.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, Status status) {
+    if (auto s = weak.lock()) s->landed(header, status);
+  };
+  auto created = transport::create_ucx_transport(std::move(ucx));
+  if (!created)
+    return Status(created.status().code(), fmt::format("shard {}: data plane: {}", rank, created.status().message()));
+  state->transport = std::move(*created);
+  auto region =
+      state->transport->register_region(state->slab->data(), state->slab->size(), transport::MemoryKind::host);
+  if (!region) return region.status();
+  state->region = *region;
+  auto address = state->transport->listen(config.effective_data_ip(), 0);
+  if (!address)
+    return Status(address.status().code(), fmt::format("shard {}: data plane: {}", rank, address.status().message()));
+  state->data_address = *address;
+
+  auto server_options = control::ServerOptions::from_config(config);
+  server_options.clock = state->clock;
+  auto server = control::ControlServer::start(server_options, std::make_shared<ShardHandler>(state));
+  if (!server) return Status(server.status().code(), fmt::format("shard {}: {}", rank, server.status().message()));
+  state->server = std::move(*server);
+  state->publisher.store(state->server.get(), std::memory_order_release);
+  state->log->info("consumer shard {} serving: control {}, events {}, data {} ({}), pool {}", rank,
+                   state->server->control_endpoint(), state->server->event_endpoint(), state->data_address,
+                   config.ucx_mode, format_bytes(state->slab->size()));
+  return std::unique_ptr<ConsumerShard>(new ConsumerShard(std::move(state)));  // NOLINT: private constructor
+}
+
+ConsumerShard::ConsumerShard(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ConsumerShard::~ConsumerShard() { shutdown(); }
+
+DrainReport ConsumerShard::shutdown() {
+  auto& s = *state_;
+  std::lock_guard lock(s.shutdown_mutex);
+  if (s.drained) return *s.drained;
+  s.reservations->begin_shutdown();
+  s.publish_events();
+  const auto report = s.reservations->wait_for_writers(seconds_to_duration(s.config.shutdown_drain_timeout_s));
+  s.publisher.store(nullptr, std::memory_order_release);
+  if (s.server) s.server->stop();
+  if (report.writers_finished) {
+    if (s.transport && s.region.valid()) (void)s.transport->deregister_region(s.region);
+    s.transport.reset();
+  } else {
+    // A writer may still be writing into the pool: keep it registered and allocated
+    // for the rest of the process rather than let a late write land in freed memory.
+    s.log->warn("shard {}: {} writer(s) still active after the drain deadline; keeping the {} pool registered",
+                s.config.layout.tp_rank, report.writers_remaining, format_bytes(s.slab->size()));
+    static std::mutex graveyard_mutex;
+    static std::vector<std::shared_ptr<State>> graveyard;
+    std::lock_guard g(graveyard_mutex);
+    graveyard.push_back(state_);
+  }
+  s.drained = report;
+  return report;
+}
+
+Result<SlotLease> ConsumerShard::take(std::string_view transfer_id, std::string_view mm_hash) {
+  return state_->reservations->take(transfer_id, mm_hash);
+}
+
+Result<SlotLease> ConsumerShard::take_resident(std::string_view mm_hash, const TensorSpec& spec) {
+  return state_->reservations->take_resident(mm_hash, spec);
+}
+
+std::vector<std::string> ConsumerShard::drain_reclaimed() { return state_->reservations->drain_reclaimed(); }
+
+int ConsumerShard::tp_rank() const noexcept { return state_->config.layout.tp_rank; }
+std::string ConsumerShard::control_endpoint() const { return state_->server->control_endpoint(); }
+std::string ConsumerShard::event_endpoint() const { return state_->server->event_endpoint(); }
+std::string ConsumerShard::data_address() const { return state_->data_address; }
+std::uint64_t ConsumerShard::pool_capacity() const noexcept { return state_->slab->size(); }
+
+ShardCounters ConsumerShard::counters() const {
+  ShardCounters c;
+  c.reservations = state_->reservations->counters();
+  if (state_->server) c.control = state_->server->counters();
+  if (state_->transport) c.transport = state_->transport->stats();
+  c.headers_rejected = state_->headers_rejected.load(std::memory_order_relaxed);
+  return c;
+}
+
+Status ConsumerShard::check_invariants() const { return state_->reservations->check_invariants(); }
+
+std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
+  std::weak_ptr<State> weak = state_;
+  return registry.add_collector([weak](metrics::SampleSink& sink) {
+    auto s = weak.lock();
+    if (!s) return;
+    const auto r = s->reservations->counters();
+    const metrics::Labels shard{{"shard", std::to_string(s->config.layout.tp_rank)}};
+    auto counter = [&](std::string_view name, std::string_view help, std::string_view outcome, std::uint64_t v) {
+      metrics::Labels labels = shard;
+      if (!outcome.empty()) labels.emplace_back("outcome", std::string(outcome));
+      sink.sample(name, help, metrics::SampleType::counter, labels, static_cast<double>(v));
+    };
+    auto gauge = [&](std::string_view name, std::string_view help, std::uint64_t v) {
+      sink.sample(name, help, metrics::SampleType::gauge, shard, static_cast<double>(v));
+    };
+    constexpr std::string_view kReserve = "Reserve requests by outcome";
+    counter("consumer_reserves_total", kReserve, "writer", r.reserved_writer);
+    counter("consumer_reserves_total", kReserve, "follower", r.reserved_follower);
+    counter("consumer_reserves_total", kReserve, "resident_hit", r.resident_hits);
+    counter("consumer_reserves_total", kReserve, "retry_after", r.retry_afters);
+    counter("consumer_reserves_total", kReserve, "cancelled", r.reserve_cancelled);
+    counter("consumer_reserves_total", kReserve, "refused", r.reserve_refused);
+    constexpr std::string_view kLanding = "Payload landings by outcome";
+    counter("consumer_landings_total", kLanding, "ready", r.landings_ready);
+    counter("consumer_landings_total", kLanding, "failed", r.landings_failed);
+    counter("consumer_landings_total", kLanding, "refused", r.landings_refused);
+    counter("consumer_checksum_mismatches_total", "Payloads whose checksum did not match", "", r.checksum_mismatches);
+    counter("consumer_bytes_landed_total", "Payload bytes landed", "", r.bytes_landed);
+    counter("consumer_expired_total", "Reservations expired", "", r.expired);
+    counter("consumer_taken_total", "Landed payloads handed to the engine", "", r.taken);
+    counter("consumer_invalid_transitions_total", "Refused state transitions", "", r.invalid_transitions);
+    counter("consumer_events_dropped_total", "Events dropped from a full queue", "", r.events_dropped);
+    gauge("consumer_pool_capacity_bytes", "Receive pool size", r.pool_capacity);
+    gauge("consumer_pool_used_bytes", "Receive pool bytes held", r.pool_used_bytes);
+    gauge("consumer_live_records", "Reservations not yet terminal", r.live_records);
+    gauge("consumer_tombstones", "Terminal records kept for idempotency", r.tombstones);
+    gauge("consumer_resident_bytes", "Bytes of landed payloads kept for reuse", r.resident_bytes);
+    gauge("consumer_leases", "Slots handed to the engine and not yet released", r.leases);
+    if (s->server) {
+      const auto c = s->server->counters();
+      counter("control_malformed_frames_total", "Undecodable control frames", "", c.malformed_frames);
+      counter("control_auth_failures_total", "Control frames failing authentication", "", c.auth_failures);
+      counter("control_events_sent_total", "Events sent", "", c.events_sent);
+      counter("control_events_dropped_total", "Events dropped from a full queue", "", c.events_dropped);
+    }
+  });
+}
+
+}  // namespace ecx::consumer

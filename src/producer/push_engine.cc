@@ -1,0 +1,653 @@
+#include "ecx/producer/push_engine.h"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "ecx/control/client.h"
+#include "ecx/core/logging.h"
+#include "ecx/pool/cuda_staging.h"
+#include "ecx/pool/offset_allocator.h"
+#include "ecx/pool/slab.h"
+#include "ecx/transport/ucx_transport.h"
+#include "ecx/wire/payload_header.h"
+
+namespace ecx::producer {
+namespace {
+
+// Bound of the dispatcher's queue. Every entry is either an engine command or the
+// result of an operation the dispatcher started (itself bounded by the push state),
+// so reaching it means the dispatcher is wedged; refusing is better than growing.
+constexpr std::size_t kInboxMax = 1 << 20;
+constexpr Duration kIdleWakeup = std::chrono::milliseconds(100);
+constexpr std::size_t kMaxAwaitingTopology = 65'536;
+
+struct SubmitCommand {
+  PushSpec spec;
+};
+struct BindCommand {
+  std::string mm_hash;
+  SourceId source = 0;
+  std::uint64_t nbytes = 0;
+};
+struct FinishedCommand {
+  std::vector<std::string> request_ids;
+};
+struct AbandonSourcelessCommand {};
+struct TopologyResult {
+  std::string base;
+  Result<control::Topology> topology;
+};
+struct ReserveResult {
+  std::string base;
+  std::vector<std::pair<std::string, int>> items;  // (transfer id, shard) in request order
+  Result<wire::Reply> reply;
+};
+struct PayloadResult {
+  std::string base;
+  std::string transfer_id;
+  int shard = 0;
+  Status status;
+};
+struct CancelResult {
+  std::string transfer_id;
+  int shard = 0;
+  Status status;
+};
+using InboxItem = std::variant<SubmitCommand, BindCommand, FinishedCommand, AbandonSourcelessCommand, TopologyResult,
+                               ReserveResult, PayloadResult, CancelResult>;
+
+ReserveReply to_reply(const wire::ReserveResult& r) {
+  switch (r.outcome) {
+    case wire::ReserveOutcome::reserved:
+      return reply::Reserved{r.reservation_id, r.generation, r.offset.value_or(0), r.write};
+    case wire::ReserveOutcome::ready:
+      return reply::Ready{r.reservation_id};
+    case wire::ReserveOutcome::cancelled:
+      return reply::Cancelled{};
+    case wire::ReserveOutcome::retry:
+      return reply::RetryAfter{std::chrono::milliseconds(std::max<std::uint32_t>(1, r.retry_after_ms))};
+    case wire::ReserveOutcome::error:
+      break;
+  }
+  return reply::Refused{r.error.is_ok() ? internal_error("reserve failed without a reason") : r.error};
+}
+
+}  // namespace
+
+struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
+  Config config;
+  std::shared_ptr<const Clock> clock;
+  std::shared_ptr<spdlog::logger> log = ecx::log::get("producer");
+  PushManager pushes;
+  std::unique_ptr<control::ControlClient> client;
+  std::unique_ptr<transport::Transport> transport;
+  std::optional<pool::Slab> staging;
+  transport::RegionHandle staging_region;
+
+  // Staging allocator and sources: bind_source (engine thread) and the dispatcher.
+  mutable std::mutex staging_mutex;
+  std::optional<pool::OffsetAllocator> staging_allocator;
+  struct Source {
+    pool::Slot slot;
+    std::optional<std::uint64_t> checksum;
+  };
+  std::unordered_map<SourceId, Source> sources;
+  std::unique_ptr<pool::CudaStager> stager;
+
+  // Dispatcher queue.
+  mutable std::mutex inbox_mutex;
+  mutable std::condition_variable inbox_cv;
+  std::deque<InboxItem> inbox;
+  bool stopping = false;
+  bool accepting = true;
+  std::thread dispatcher;
+
+  // Dispatcher-only state.
+  std::map<std::string, std::vector<PushSpec>> awaiting_topology;  // base address -> specs
+  std::multimap<std::string, BindCommand> deferred_binds;          // mm_hash -> binds awaiting a topology
+  std::size_t awaiting_count = 0;
+
+  // Failures found outside the push state (discovery, staging).
+  mutable std::mutex failures_mutex;
+  std::vector<FailedSave> failures;
+
+  mutable std::mutex counters_mutex;
+  EngineCounters engine_counters;
+  std::atomic<std::uint64_t> in_progress{0};  // items queued or being handled by the dispatcher
+
+  State(const Config& c, std::shared_ptr<const Clock> clk)
+      : config(c), clock(std::move(clk)), pushes(PushOptions::from_config(c), clock) {}
+
+  void count(std::uint64_t EngineCounters::*field, std::uint64_t by = 1) {
+    std::lock_guard lock(counters_mutex);
+    engine_counters.*field += by;
+  }
+
+  bool enqueue(InboxItem item) {
+    {
+      std::lock_guard lock(inbox_mutex);
+      if (inbox.size() >= kInboxMax) {
+        std::lock_guard c(counters_mutex);
+        ++engine_counters.inbox_dropped;
+        return false;
+      }
+      inbox.push_back(std::move(item));
+      in_progress.fetch_add(1, std::memory_order_acq_rel);
+    }
+    inbox_cv.notify_all();
+    return true;
+  }
+
+  void add_failure(FailedSave failure) {
+    log->warn("push of transfer_id={} (mm_hash={}) failed: {}", failure.transfer_id, failure.mm_hash, failure.reason);
+    std::lock_guard lock(failures_mutex);
+    if (failures.size() < 65'536) failures.push_back(std::move(failure));
+  }
+
+  void release_source(SourceId id) {
+    std::lock_guard lock(staging_mutex);
+    auto it = sources.find(id);
+    if (it == sources.end()) return;
+    (void)staging_allocator->free(it->second.slot);
+    sources.erase(it);
+  }
+
+  // ---- dispatcher
+
+  void run() {
+    std::unique_lock lock(inbox_mutex);
+    while (true) {
+      const auto wakeup = pushes.next_wakeup();
+      auto wait_for = kIdleWakeup;
+      if (wakeup) wait_for = std::min<Duration>(wait_for, std::max<Duration>(Duration{0}, *wakeup - clock->now()));
+      inbox_cv.wait_for(lock, wait_for, [this] { return stopping || !inbox.empty(); });
+      if (stopping && inbox.empty()) break;
+      std::deque<InboxItem> batch;
+      batch.swap(inbox);
+      lock.unlock();
+      Actions actions;
+      for (auto& item : batch) {
+        std::visit([&](auto& value) { handle(value, actions); }, item);
+      }
+      actions.append(pushes.tick());
+      execute(std::move(actions));
+      in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel);
+      lock.lock();
+      inbox_cv.notify_all();  // wake wait_idle()
+    }
+  }
+
+  // Confirmed topologies by base address. A copy of the client's cache, so the hot
+  // path does not copy it per payload; forgotten (in both) when a shard fails, as a
+  // restarted consumer has new data-plane addresses.
+  const control::Topology* topology_of(const std::string& base) {
+    if (auto it = topologies.find(base); it != topologies.end()) return &it->second;
+    auto cached = client->cached_topology(base);
+    if (!cached) return nullptr;
+    return &(topologies[base] = std::move(*cached));
+  }
+  void forget_topology(const std::string& base) {
+    if (topologies.erase(base) > 0) {
+      client->forget_topology(base);
+      log->info("forgetting the topology of consumer {} after a failure; the next push discovers it again", base);
+    }
+  }
+  std::map<std::string, control::Topology> topologies;
+
+  void start_push(const PushSpec& spec, int shards, Actions& actions) {
+    auto started = pushes.start(spec, shards);
+    if (!started) {
+      add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, started.status().message()});
+      return;
+    }
+    actions.append(std::move(*started));
+  }
+
+  void handle(SubmitCommand& command, Actions& actions) {
+    const auto& base = command.spec.consumer_address;
+    if (const auto* topology = topology_of(base)) {
+      start_push(command.spec, static_cast<int>(topology->shards.size()), actions);
+      return;
+    }
+    if (awaiting_count >= kMaxAwaitingTopology) {
+      add_failure({command.spec.transfer_id,
+                   command.spec.mm_hash,
+                   {command.spec.request_id},
+                   "too many pushes waiting for consumer discovery"});
+      return;
+    }
+    auto& waiting = awaiting_topology[base];
+    const bool first = waiting.empty();
+    waiting.push_back(std::move(command.spec));
+    ++awaiting_count;
+    if (first) {
+      std::weak_ptr<State> weak = weak_from_this();
+      client->discover_async(base, config.control_timeout(), [weak, base](Result<control::Topology> topology) {
+        if (auto s = weak.lock()) s->enqueue(TopologyResult{base, std::move(topology)});
+      });
+    }
+  }
+
+  void handle(TopologyResult& result, Actions& actions) {
+    auto it = awaiting_topology.find(result.base);
+    if (it == awaiting_topology.end()) return;
+    auto specs = std::move(it->second);
+    awaiting_topology.erase(it);
+    awaiting_count -= specs.size();
+    std::set<std::string> hashes;
+    for (auto& spec : specs) {
+      hashes.insert(spec.mm_hash);
+      if (result.topology) {
+        topologies[result.base] = *result.topology;
+        start_push(spec, static_cast<int>(result.topology->shards.size()), actions);
+      } else {
+        count(&EngineCounters::topology_failures);
+        add_failure({spec.transfer_id,
+                     spec.mm_hash,
+                     {spec.request_id},
+                     fmt::format("could not discover every shard of the consumer at {}: {}", result.base,
+                                 result.topology.status().message())});
+      }
+    }
+    for (const auto& hash : hashes) {
+      auto [first, last] = deferred_binds.equal_range(hash);
+      std::vector<BindCommand> binds;
+      for (auto b = first; b != last; ++b) binds.push_back(b->second);
+      deferred_binds.erase(first, last);
+      for (auto& bind : binds) handle(bind, actions);
+    }
+  }
+
+  bool awaiting_content(const std::string& mm_hash) const {
+    for (const auto& [base, specs] : awaiting_topology) {
+      for (const auto& spec : specs) {
+        if (spec.mm_hash == mm_hash) return true;
+      }
+    }
+    return false;
+  }
+
+  void handle(BindCommand& command, Actions& actions) {
+    if (awaiting_content(command.mm_hash)) {
+      deferred_binds.emplace(command.mm_hash, command);
+      return;
+    }
+    auto result = pushes.bind_source(command.mm_hash, command.source, command.nbytes);
+    actions.append(std::move(result));
+  }
+
+  void handle(FinishedCommand& command, Actions& actions) {
+    actions.append(pushes.cancel_requests(command.request_ids));
+  }
+
+  void handle(AbandonSourcelessCommand&, Actions& actions) { actions.append(pushes.cancel_sourceless()); }
+
+  void handle(ReserveResult& result, Actions& actions) {
+    if (!result.reply) {
+      forget_topology(result.base);
+      for (const auto& [tid, shard] : result.items) {
+        actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{result.reply.status()}));
+      }
+      return;
+    }
+    auto body = control::reply_body<wire::ReserveBatchReply>(std::move(result.reply));
+    for (std::size_t i = 0; i < result.items.size(); ++i) {
+      const auto& [tid, shard] = result.items[i];
+      if (!body) {
+        actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{body.status()}));
+      } else if (i >= body->items.size()) {
+        actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{protocol_error("reply lacks this item")}));
+      } else {
+        actions.append(pushes.on_reserve_reply(tid, shard, to_reply(body->items[i])));
+      }
+    }
+  }
+
+  void handle(PayloadResult& result, Actions& actions) {
+    if (!result.status && result.status.code() != StatusCode::timeout) forget_topology(result.base);
+    actions.append(pushes.on_payload_result(result.transfer_id, result.shard, result.status));
+  }
+
+  void handle(CancelResult& result, Actions& actions) {
+    actions.append(pushes.on_cancel_result(result.transfer_id, result.shard, result.status));
+  }
+
+  std::optional<std::string> shard_control(const std::string& base, int shard) {
+    const auto* topology = topology_of(base);
+    if (topology == nullptr || shard < 0 || static_cast<std::size_t>(shard) >= topology->shards.size()) {
+      return std::nullopt;
+    }
+    return topology->shards[static_cast<std::size_t>(shard)].control;
+  }
+
+  void execute(Actions actions) {
+    // Several loops: executing may produce more actions only through results that
+    // come back later (through the inbox), never synchronously, except for refusals.
+    while (!actions.empty()) {
+      Actions more;
+      execute_reserves(actions.reserves, more);
+      execute_payloads(actions.payloads, more);
+      execute_cancels(actions.cancels, more);
+      for (auto id : actions.release_sources) release_source(id);
+      actions = std::move(more);
+    }
+  }
+
+  void execute_reserves(const std::vector<ReserveCommand>& reserves, Actions& more) {
+    // One reserve_batch per shard address.
+    struct Batch {
+      std::string base;
+      std::vector<wire::ReserveItem> items;
+      std::vector<std::pair<std::string, int>> ids;
+    };
+    std::map<std::string, Batch> batches;
+    for (const auto& r : reserves) {
+      auto address = shard_control(r.consumer_address, r.shard);
+      if (!address) {
+        more.append(pushes.on_reserve_reply(r.transfer_id, r.shard,
+                                            reply::Refused{unavailable("consumer topology is not known")}));
+        continue;
+      }
+      auto& batch = batches[*address];
+      batch.base = r.consumer_address;
+      batch.items.push_back(wire::ReserveItem{r.transfer_id, r.mm_hash, r.spec, std::nullopt});
+      batch.ids.emplace_back(r.transfer_id, r.shard);
+    }
+    for (auto& [address, batch] : batches) {
+      std::weak_ptr<State> weak = weak_from_this();
+      client->call_async(address, wire::ReserveBatchRequest{std::move(batch.items)}, config.control_timeout(),
+                         [weak, base = batch.base, ids = std::move(batch.ids)](Result<wire::Reply> reply) mutable {
+                           if (auto s = weak.lock()) s->enqueue(ReserveResult{base, std::move(ids), std::move(reply)});
+                         });
+    }
+  }
+
+  void execute_payloads(const std::vector<PayloadCommand>& payloads, Actions& more) {
+    for (const auto& p : payloads) {
+      const auto* topology = topology_of(p.consumer_address);
+      if (topology == nullptr || p.shard < 0 || static_cast<std::size_t>(p.shard) >= topology->shards.size()) {
+        more.append(pushes.on_payload_result(p.transfer_id, p.shard, unavailable("consumer topology is not known")));
+        continue;
+      }
+      const auto& data = topology->shards[static_cast<std::size_t>(p.shard)].hello.data;
+      std::optional<Source> source;
+      {
+        std::lock_guard lock(staging_mutex);
+        if (auto it = sources.find(p.source); it != sources.end()) source = it->second;
+      }
+      if (!source) {
+        more.append(pushes.on_payload_result(p.transfer_id, p.shard, internal_error("source is not staged")));
+        continue;
+      }
+      auto endpoint = transport->connect(data.address);
+      if (!endpoint) {
+        forget_topology(p.consumer_address);
+        more.append(pushes.on_payload_result(p.transfer_id, p.shard, endpoint.status()));
+        continue;
+      }
+      const auto header = wire::encode_payload_header(
+          wire::PayloadHeader{p.transfer_id, p.reservation_id, p.generation, p.nbytes, source->checksum});
+      std::weak_ptr<State> weak = weak_from_this();
+      const auto status = transport->send(
+          *endpoint, header, staging_region, source->slot.offset, p.nbytes, clock->now() + config.push_wait_timeout(),
+          [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard](Status result) {
+            if (auto s = weak.lock()) s->enqueue(PayloadResult{base, tid, shard, result});
+          });
+      if (!status) more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
+    }
+  }
+
+  void execute_cancels(const std::vector<CancelCommand>& cancels, Actions& more) {
+    for (const auto& c : cancels) {
+      auto address = shard_control(c.consumer_address, c.shard);
+      if (!address) {
+        more.append(pushes.on_cancel_result(c.transfer_id, c.shard, unavailable("consumer topology is not known")));
+        continue;
+      }
+      std::weak_ptr<State> weak = weak_from_this();
+      client->call_async(
+          *address, wire::CancelRequest{c.transfer_id, c.reservation_id, true, c.refresh}, config.control_timeout(),
+          [weak, tid = c.transfer_id, shard = c.shard](Result<wire::Reply> reply) {
+            auto s = weak.lock();
+            if (!s) return;
+            auto body = control::reply_body<wire::CancelReply>(std::move(reply));
+            Status status =
+                body ? (body->cancelled ? Status::ok() : conflict("the shard did not cancel")) : body.status();
+            s->enqueue(CancelResult{tid, shard, status});
+          });
+    }
+  }
+};
+
+Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std::shared_ptr<const Clock> clock) {
+  if (config.transport != "ucx") {
+    return invalid_argument(
+        fmt::format("transport '{}' is not available for producers in this build; use ucx", config.transport));
+  }
+  auto state = std::make_shared<State>(config, clock ? std::move(clock) : SteadyClock::shared());
+  pool::SlabOptions slab_options;
+  slab_options.huge_pages = config.huge_pages;
+  slab_options.lock = config.mlock;
+  const auto kind = config.buffer_device == "cpu" ? pool::MemoryKind::host : pool::MemoryKind::cuda_pinned;
+  auto slab = pool::Slab::allocate(kind, config.buffer_size, slab_options);
+  if (!slab) return Status(slab.status().code(), "staging pool: " + slab.status().message());
+  state->staging.emplace(std::move(*slab));
+  state->staging_allocator.emplace(state->staging->size(), config.pool_alignment);
+
+  transport::UcxOptions ucx;
+  auto mode = transport::parse_ucx_mode(config.ucx_mode);
+  if (!mode) return mode.status();
+  ucx.mode = *mode;
+  ucx.clock = state->clock;
+  // A producer never receives payloads.
+  ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {
+    return unavailable("a producer does not accept payloads");
+  };
+  ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, Status) {};
+  auto created = transport::create_ucx_transport(std::move(ucx));
+  if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
+  state->transport = std::move(*created);
+  auto region =
+      state->transport->register_region(state->staging->data(), state->staging->size(), transport::MemoryKind::host);
+  if (!region) return region.status();
+  state->staging_region = *region;
+
+  auto client_options = control::ClientOptions::from_config(config);
+  client_options.clock = state->clock;
+  client_options.name = "ecx-producer";
+  auto client = control::ControlClient::create(std::move(client_options));
+  if (!client) return client.status();
+  state->client = std::move(*client);
+  state->dispatcher = std::thread([raw = state.get()] { raw->run(); });
+  state->log->info("producer ready: staging pool {} ({}), data plane ucx ({})", format_bytes(state->staging->size()),
+                   pool::memory_kind_name(kind), config.ucx_mode);
+  return std::unique_ptr<PushEngine>(new PushEngine(std::move(state)));  // NOLINT: private constructor
+}
+
+PushEngine::PushEngine(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+PushEngine::~PushEngine() { shutdown(seconds_to_duration(state_->config.shutdown_drain_timeout_s)); }
+
+void PushEngine::submit(const PushSpec& spec) {
+  {
+    std::lock_guard lock(state_->inbox_mutex);
+    if (!state_->accepting) {
+      state_->add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, "the producer is shutting down"});
+      return;
+    }
+  }
+  state_->count(&EngineCounters::submitted);
+  if (!state_->enqueue(SubmitCommand{spec})) {
+    state_->add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, "the producer's queue is full"});
+  }
+}
+
+Status PushEngine::bind_source(std::string_view mm_hash, const void* data, std::uint64_t nbytes, SourceMemory memory) {
+  auto& s = *state_;
+  if (nbytes == 0) return invalid_argument("an encoder output of 0 bytes cannot be pushed");
+  pool::Slot slot;
+  {
+    std::lock_guard lock(s.staging_mutex);
+    auto allocated = s.staging_allocator->allocate(nbytes);
+    if (!allocated) {
+      s.count(&EngineCounters::staging_failures);
+      const auto status =
+          Status(allocated.status().code(),
+                 fmt::format("staging pool ({} in use of {}): {}", format_bytes(s.staging_allocator->used_bytes()),
+                             format_bytes(s.staging->size()), allocated.status().message()));
+      s.log->warn("cannot stage mm_hash={}: {}", mm_hash, status.message());
+      return status;
+    }
+    slot = *allocated;
+  }
+  std::byte* destination = s.staging->at(slot);
+  if (memory == SourceMemory::host) {
+    std::memcpy(destination, data, nbytes);
+  } else {
+    std::lock_guard lock(s.staging_mutex);
+    Status copied = Status::ok();
+    if (!s.stager) {
+      int device = s.config.buffer_device.size() > 5 ? std::stoi(s.config.buffer_device.substr(5)) : 0;
+      auto stager = pool::CudaStager::create(device);
+      if (stager)
+        s.stager = std::move(*stager);
+      else
+        copied = stager.status();
+    }
+    if (copied) {
+      auto copy = s.stager->copy_to_host(data, destination, nbytes);
+      copied = copy ? s.stager->wait(*copy, s.clock->now() + s.config.push_wait_timeout(), *s.clock) : copy.status();
+    }
+    if (!copied) {
+      (void)s.staging_allocator->free(slot);
+      s.count(&EngineCounters::staging_failures);
+      return copied;
+    }
+  }
+  std::optional<std::uint64_t> checksum;
+  // Always hashed (cheap next to the copy): any consumer with checksums on can verify.
+  checksum = XXH64(destination, nbytes, 0);
+  const SourceId id = slot.offset + 1;
+  {
+    std::lock_guard lock(s.staging_mutex);
+    s.sources[id] = State::Source{slot, checksum};
+  }
+  s.count(&EngineCounters::sources_bound);
+  s.count(&EngineCounters::bytes_staged, nbytes);
+  if (!s.enqueue(BindCommand{std::string(mm_hash), id, nbytes})) {
+    s.release_source(id);
+    return resource_exhausted("the producer's queue is full");
+  }
+  return Status::ok();
+}
+
+void PushEngine::requests_finished(std::span<const std::string> request_ids) {
+  if (request_ids.empty()) return;
+  state_->enqueue(FinishedCommand{std::vector<std::string>(request_ids.begin(), request_ids.end())});
+}
+
+std::vector<FailedSave> PushEngine::drain_failures() {
+  std::vector<FailedSave> out;
+  {
+    std::lock_guard lock(state_->failures_mutex);
+    out.swap(state_->failures);
+  }
+  for (auto& f : state_->pushes.drain_failures()) out.push_back(std::move(f));
+  return out;
+}
+
+bool PushEngine::pending() const {
+  return state_->in_progress.load(std::memory_order_acquire) > 0 || state_->pushes.pending();
+}
+
+bool PushEngine::wait_idle(Duration timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock lock(state_->inbox_mutex);
+  while (pending()) {
+    if (state_->inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
+            std::cv_status::timeout &&
+        std::chrono::steady_clock::now() >= deadline) {
+      return !pending();
+    }
+  }
+  return true;
+}
+
+EngineCounters PushEngine::counters() const {
+  EngineCounters c;
+  {
+    std::lock_guard lock(state_->counters_mutex);
+    c = state_->engine_counters;
+  }
+  c.pushes = state_->pushes.counters();
+  std::lock_guard lock(state_->staging_mutex);
+  c.staging_used_bytes = state_->staging_allocator->used_bytes();
+  c.staging_capacity = state_->staging->size();
+  return c;
+}
+
+std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
+  std::weak_ptr<State> weak = state_;
+  return registry.add_collector([weak](metrics::SampleSink& sink) {
+    auto s = weak.lock();
+    if (!s) return;
+    const auto p = s->pushes.counters();
+    auto counter = [&](std::string_view name, std::string_view help, std::string_view outcome, std::uint64_t v) {
+      metrics::Labels labels;
+      if (!outcome.empty()) labels.emplace_back("outcome", std::string(outcome));
+      sink.sample(name, help, metrics::SampleType::counter, labels, static_cast<double>(v));
+    };
+    constexpr std::string_view kPushes = "Pushes by outcome";
+    counter("producer_pushes_total", kPushes, "done", p.done);
+    counter("producer_pushes_total", kPushes, "failed", p.failed);
+    counter("producer_pushes_total", kPushes, "cancelled", p.cancelled);
+    counter("producer_retry_afters_total", "Reserves answered with retry-after (consumer pool full)", "",
+            p.retry_afters);
+    counter("producer_payloads_total", "Payload sends by outcome", "ok", p.payloads_sent);
+    counter("producer_payloads_total", "Payload sends by outcome", "failed", p.payloads_failed);
+    counter("producer_abandons_total", "Abandon cancels sent", "", p.abandons_sent);
+    sink.sample("producer_active_pushes", "Pushes not yet terminal", metrics::SampleType::gauge, {},
+                static_cast<double>(p.active));
+    std::lock_guard lock(s->staging_mutex);
+    sink.sample("producer_staging_used_bytes", "Staging pool bytes held", metrics::SampleType::gauge, {},
+                static_cast<double>(s->staging_allocator->used_bytes()));
+  });
+}
+
+void PushEngine::shutdown(Duration timeout) {
+  auto& s = *state_;
+  {
+    std::lock_guard lock(s.inbox_mutex);
+    if (!s.accepting) return;
+    s.accepting = false;
+  }
+  if (!wait_idle(timeout)) {
+    s.log->warn("producer shutdown: pushes still in flight after {:.1f} s; abandoning them",
+                duration_to_seconds(timeout));
+  }
+  // Abandon what never got a source (so the consumer frees its slots now, not at
+  // the reservation TTL), give those cancels one control timeout, then stop.
+  s.enqueue(AbandonSourcelessCommand{});
+  (void)wait_idle(std::min<Duration>(timeout, s.config.control_timeout()));
+  {
+    std::lock_guard lock(s.inbox_mutex);
+    s.stopping = true;
+  }
+  s.inbox_cv.notify_all();
+  if (s.dispatcher.joinable()) s.dispatcher.join();
+  s.client.reset();
+  if (s.transport && s.staging_region.valid()) (void)s.transport->deregister_region(s.staging_region);
+  s.transport.reset();
+}
+
+}  // namespace ecx::producer

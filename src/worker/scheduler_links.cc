@@ -1,0 +1,123 @@
+#include "ecx/worker/scheduler_links.h"
+
+#include "ecx/control/event_inbox.h"
+#include "ecx/core/logging.h"
+
+namespace ecx::worker {
+namespace {
+
+scheduler::TransferEvent to_scheduler(const wire::Event& e) {
+  scheduler::TransferEvent out;
+  switch (e.kind) {
+    case wire::EventKind::ready:
+      out.kind = scheduler::TransferEvent::Kind::ready;
+      break;
+    case wire::EventKind::abandoned:
+      out.kind = scheduler::TransferEvent::Kind::abandoned;
+      break;
+    case wire::EventKind::failed:
+      out.kind = scheduler::TransferEvent::Kind::failed;
+      break;
+  }
+  out.transfer_id = e.transfer_id;
+  out.mm_hash = e.mm_hash;
+  out.shard = static_cast<int>(e.shard);
+  out.spec = e.spec;
+  out.reservation_id = e.reservation_id;
+  out.reason = e.error.message();
+  return out;
+}
+
+// Keeps the client alive as long as the inbox that borrows it.
+class InboxEventSource final : public scheduler::EventSource {
+ public:
+  InboxEventSource(std::shared_ptr<control::ControlClient> client, std::unique_ptr<control::EventInbox> inbox)
+      : client_(std::move(client)), inbox_(std::move(inbox)) {}
+
+  std::size_t drain(std::vector<scheduler::TransferEvent>& out, std::size_t max_events) override {
+    if (!inbox_) return 0;
+    buffer_.clear();
+    inbox_->drain(buffer_);
+    std::size_t appended = 0;
+    for (const auto& e : buffer_) {
+      if (appended == max_events) break;  // the inbox's own bound is max_events_per_drain
+      out.push_back(to_scheduler(e));
+      ++appended;
+    }
+    return appended;
+  }
+  int shard_count() const override { return inbox_ ? static_cast<int>(inbox_->shard_count()) : 0; }
+  void close() override { inbox_.reset(); }
+
+ private:
+  std::shared_ptr<control::ControlClient> client_;
+  std::unique_ptr<control::EventInbox> inbox_;
+  std::vector<wire::Event> buffer_;
+};
+
+class ClientConsumerControl final : public scheduler::ConsumerControl {
+ public:
+  ClientConsumerControl(std::shared_ptr<control::ControlClient> client, Duration timeout)
+      : client_(std::move(client)), timeout_(timeout) {}
+
+  Result<std::vector<std::string>> discover_shards(const std::string& base_address) override {
+    auto topology = client_->discover(base_address, timeout_);
+    if (!topology) return topology.status();
+    return topology->control_addresses();
+  }
+  Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) override {
+    auto reply = client_->cancel(shard_address, wire::CancelRequest{transfer_id, {}, false, false}, timeout_);
+    if (!reply) return reply.status();
+    return reply->cancelled;
+  }
+  void close() override {}
+
+ private:
+  std::shared_ptr<control::ControlClient> client_;
+  Duration timeout_;
+};
+
+}  // namespace
+
+std::shared_ptr<scheduler::EventSource> make_event_source(std::shared_ptr<control::ControlClient> client,
+                                                          const Config& config, std::shared_ptr<const Clock> clock) {
+  control::InboxOptions options;
+  options.base_address = config.control_address(0);
+  options.discovery_timeout = config.control_timeout();
+  options.max_events_per_drain = static_cast<std::size_t>(config.event_queue_max);
+  options.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
+  options.auth_secret = config.auth_secret;
+  options.clock = std::move(clock);
+  auto inbox = control::EventInbox::create(*client, std::move(options));
+  if (!inbox) {
+    ecx::log::get("worker")->error("cannot create the event inbox: {}", inbox.status().to_string());
+    return std::make_shared<InboxEventSource>(std::move(client), nullptr);
+  }
+  return std::make_shared<InboxEventSource>(std::move(client), std::move(*inbox));
+}
+
+std::shared_ptr<scheduler::ConsumerControl> make_consumer_control(std::shared_ptr<control::ControlClient> client,
+                                                                  Duration timeout) {
+  return std::make_shared<ClientConsumerControl>(std::move(client), timeout);
+}
+
+Result<std::unique_ptr<scheduler::SchedulerCoordinator>> make_scheduler_coordinator(
+    const Config& config, DType model_dtype, std::int64_t model_hidden_width, std::shared_ptr<const Clock> clock) {
+  auto options = scheduler::CoordinatorOptions::from_config(config, model_dtype, model_hidden_width);
+  std::shared_ptr<scheduler::EventSource> events;
+  std::shared_ptr<scheduler::ConsumerControl> control;
+  if (config.is_consumer()) {
+    auto client_options = control::ClientOptions::from_config(config);
+    client_options.clock = clock;
+    client_options.name = "ecx-scheduler";
+    auto client = control::ControlClient::create(std::move(client_options));
+    if (!client) return client.status();
+    std::shared_ptr<control::ControlClient> shared_client = std::move(*client);
+    events = make_event_source(shared_client, config, clock);
+    control = make_consumer_control(shared_client, config.control_timeout());
+  }
+  return std::make_unique<scheduler::SchedulerCoordinator>(std::move(options), std::move(clock), std::move(events),
+                                                           std::move(control));
+}
+
+}  // namespace ecx::worker

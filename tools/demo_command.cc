@@ -1,0 +1,467 @@
+// `ecx demo`: the main job on an embedded default. Starts a consumer (TP = 2) and a
+// producer as two processes on loopback and drives a realistic synthetic workload
+// through the real scheduler and worker coordinators, ZeroMQ and UCX; prints live
+// progress and a summary, and fails when any check fails.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "ecx/core/config.h"
+#include "ecx/core/logging.h"
+#include "sim/engine_sim.h"
+#include "sim/process.h"
+
+namespace ecx::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct DemoOptions {
+  std::string role = "all";
+  int requests = 200;
+  int min_images = 1;
+  int max_images = 4;
+  int min_tokens = 256;
+  int max_tokens = 2500;
+  int hidden = 3584;
+  double repeat = 0.2;
+  int tp = 2;
+  std::string transport = "tcp";
+  std::string pool_size = "1GiB";
+  std::uint64_t seed = 1;
+  double duration_s = 0;
+  double deadline_s = 600;
+  int port = 0;
+  bool checksum = true;
+  std::string json_file;
+  bool quiet = false;
+  // internal (child roles)
+  std::string admit;
+  std::string consumer;
+};
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+std::string ucx_tls(const std::string& transport) { return transport == "shm" ? "sm,self" : "tcp"; }
+
+Result<Config> demo_config(const DemoOptions& o, Role role) {
+  json extra{{"checksum", o.checksum},
+             {"push_wait_timeout_s", 60},
+             {"control_timeout_s", 10},
+             {"shutdown_drain_timeout_s", 5}};
+  json doc{{"ec_role", role_name(role)},    {"ec_ip", "127.0.0.1"},      {"ec_port", o.port},
+           {"ec_buffer_size", o.pool_size}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
+  ParallelLayout layout;
+  if (role == Role::consumer) layout.tp_size = o.tp;
+  return parse_config(doc.dump(), layout);
+}
+
+// A free block of `count` consecutive TCP ports on 127.0.0.1 (probed by binding).
+int free_port_block(int count) {
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int base = 20000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919U + attempt * 104729U) % 30000U);
+    bool ok = true;
+    for (int p = base; p < base + count && ok; ++p) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<std::uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      ::close(fd);
+    }
+    if (ok) return base;
+  }
+  return 0;
+}
+
+std::uint64_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+json progress_json(const sim::Progress& p) {
+  return json{{"event", "progress"},
+              {"requests_total", p.requests_total},
+              {"requests_admitted", p.requests_admitted},
+              {"requests_ready", p.requests_ready},
+              {"requests_failed", p.requests_failed},
+              {"bytes_moved", p.bytes_moved},
+              {"in_flight", p.in_flight},
+              {"pool_used_bytes", p.pool_used_bytes},
+              {"pool_capacity", p.pool_capacity},
+              {"elapsed_s", p.elapsed_s},
+              {"rss_bytes", rss_bytes()}};
+}
+
+sim::WorkloadOptions workload_of(const DemoOptions& o, int round) {
+  sim::WorkloadOptions w;
+  w.requests = o.requests;
+  w.min_images = o.min_images;
+  w.max_images = o.max_images;
+  w.min_tokens = o.min_tokens;
+  w.max_tokens = o.max_tokens;
+  w.hidden = o.hidden;
+  w.repeat_fraction = o.repeat;
+  w.seed = o.seed + static_cast<std::uint64_t>(round);
+  w.id_prefix = fmt::format("demo{}", round);
+  return w;
+}
+
+int run_consumer(const DemoOptions& o) {
+  auto config = demo_config(o, Role::consumer);
+  if (!config) {
+    std::cerr << "ecx demo: " << config.status().message() << "\n";
+    return 2;
+  }
+  sim::ConsumerSimOptions options;
+  options.config = *config;
+  options.deadline = seconds_to_duration(o.deadline_s);
+  options.on_progress = [](const sim::Progress& p) { std::cout << progress_json(p).dump() << std::endl; };
+  auto consumer = sim::ConsumerSim::start(std::move(options));
+  if (!consumer) {
+    std::cerr << "ecx demo consumer: " << consumer.status().message() << "\n";
+    return 1;
+  }
+  std::cout << json{{"event", "ready"},
+                    {"admit", (*consumer)->admit_endpoint()},
+                    {"control", (*consumer)->control_address()}}
+                   .dump()
+            << std::endl;
+  const auto r = (*consumer)->run(&g_stop);
+  json out = progress_json(r.progress);
+  out["event"] = "result";
+  out["items_ready"] = r.items_ready;
+  out["content_mismatches"] = r.content_mismatches;
+  out["checksum_mismatches"] = r.checksum_mismatches;
+  out["leaked_pool_bytes"] = r.leaked_pool_bytes;
+  out["live_reservations"] = r.live_reservations;
+  out["resident_bytes"] = r.resident_bytes;
+  out["time_to_ready_ms"] = r.time_to_ready_ms;
+  out["failed_requests"] = r.failed_requests;
+  out["invariant_error"] = r.invariant_error;
+  out["producer_done"] = r.producer_done;
+  out["wall_s"] = r.wall_s;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+int run_producer(const DemoOptions& o) {
+  auto config = demo_config(o, Role::producer);
+  if (!config) {
+    std::cerr << "ecx demo: " << config.status().message() << "\n";
+    return 2;
+  }
+  sim::ProducerSimOptions options;
+  options.config = *config;
+  options.consumer_address = o.consumer;
+  options.admit_connect = o.admit;
+  options.deadline = seconds_to_duration(o.deadline_s);
+  json total{{"event", "result"}, {"requests", 0},     {"items", 0},
+             {"bytes", 0},        {"failed_saves", 0}, {"retry_afters", 0}};
+  const auto started = std::chrono::steady_clock::now();
+  for (int round = 0;; ++round) {
+    options.workload = workload_of(o, round);
+    auto r = sim::run_producer(options, &g_stop);
+    if (!r) {
+      std::cerr << "ecx demo producer: " << r.status().message() << "\n";
+      return 1;
+    }
+    total["requests"] = total["requests"].get<std::uint64_t>() + r->requests;
+    total["items"] = total["items"].get<std::uint64_t>() + r->items;
+    total["bytes"] = total["bytes"].get<std::uint64_t>() + r->bytes;
+    total["failed_saves"] = total["failed_saves"].get<std::uint64_t>() + r->failed_saves;
+    total["retry_afters"] = total["retry_afters"].get<std::uint64_t>() + r->retry_afters;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (g_stop.load() || elapsed >= o.duration_s) break;
+  }
+  std::cout << total.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+// The orchestrator: both roles as child processes, live progress, the summary.
+int run_demo(const DemoOptions& o);
+
+namespace {
+
+std::string human_bytes(double b) { return format_bytes(static_cast<std::uint64_t>(std::max(0.0, b))); }
+
+void render_progress(const json& p, bool tty) {
+  const auto line =
+      fmt::format("requests {}/{} ready, {} failed | {} moved | in flight {} | pool {} / {} | {:.1f} s",
+                  p.value("requests_ready", 0),
+                  std::max<std::uint64_t>(p.value("requests_total", 0ULL), p.value("requests_admitted", 0ULL)),
+                  p.value("requests_failed", 0), human_bytes(p.value("bytes_moved", 0.0)), p.value("in_flight", 0),
+                  human_bytes(p.value("pool_used_bytes", 0.0)), human_bytes(p.value("pool_capacity", 0.0)),
+                  p.value("elapsed_s", 0.0));
+  if (tty) {
+    std::cout << "\r\033[K" << line << std::flush;
+  } else {
+    std::cout << line << "\n" << std::flush;
+  }
+}
+
+}  // namespace
+
+int run_demo(const DemoOptions& options) {
+  DemoOptions o = options;
+  if (o.port == 0) o.port = free_port_block(o.tp);
+  if (o.port == 0) {
+    std::cerr << "ecx demo: no free block of ports on 127.0.0.1\n";
+    return 1;
+  }
+  if (auto c = demo_config(o, Role::consumer); !c) {
+    std::cerr << "ecx demo: " << c.status().message() << "\n";
+    return 2;
+  }
+  const bool tty = ::isatty(STDOUT_FILENO) != 0 && !o.quiet;
+  const std::string self = sim::self_executable();
+  auto common = [&](const std::string& role) {
+    std::vector<std::string> argv = {self,
+                                     "demo",
+                                     "--role",
+                                     role,
+                                     "--requests",
+                                     std::to_string(o.requests),
+                                     "--min-images",
+                                     std::to_string(o.min_images),
+                                     "--max-images",
+                                     std::to_string(o.max_images),
+                                     "--min-tokens",
+                                     std::to_string(o.min_tokens),
+                                     "--max-tokens",
+                                     std::to_string(o.max_tokens),
+                                     "--hidden",
+                                     std::to_string(o.hidden),
+                                     "--repeat",
+                                     fmt::format("{}", o.repeat),
+                                     "--tp",
+                                     std::to_string(o.tp),
+                                     "--pool-size",
+                                     o.pool_size,
+                                     "--seed",
+                                     std::to_string(o.seed),
+                                     "--duration",
+                                     fmt::format("{}", o.duration_s),
+                                     "--deadline",
+                                     fmt::format("{}", o.deadline_s),
+                                     "--port",
+                                     std::to_string(o.port),
+                                     o.checksum ? "--checksum" : "--no-checksum"};
+    return argv;
+  };
+  const std::vector<std::string> env = {"UCX_TLS=" + ucx_tls(o.transport)};
+  std::cout << fmt::format(
+      "ecx demo: consumer (TP={}) and producer on 127.0.0.1 over UCX {} | {} requests of {}-{} images, "
+      "{}-{} tokens x {} bf16, {:.0f}% repeated | pools {} | checksums {}\n",
+      o.tp, o.transport, o.requests, o.min_images, o.max_images, o.min_tokens, o.max_tokens, o.hidden, o.repeat * 100,
+      o.pool_size, o.checksum ? "on" : "off");
+  auto consumer = sim::ChildProcess::spawn(common("consumer"), env);
+  if (!consumer) {
+    std::cerr << "ecx demo: " << consumer.status().message() << "\n";
+    return 1;
+  }
+  std::optional<json> ready;
+  const auto start_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!ready && std::chrono::steady_clock::now() < start_deadline && !consumer->eof()) {
+    if (auto line = consumer->read_line(std::chrono::milliseconds(200))) {
+      auto doc = json::parse(*line, nullptr, false);
+      if (!doc.is_discarded() && doc.value("event", "") == "ready") ready = doc;
+    }
+  }
+  if (!ready) {
+    std::cerr << "ecx demo: the consumer did not start (see its messages above)\n";
+    return 1;
+  }
+  auto argv = common("producer");
+  argv.insert(argv.end(), {"--admit", ready->at("admit").get<std::string>(), "--consumer",
+                           ready->at("control").get<std::string>()});
+  auto producer = sim::ChildProcess::spawn(argv, env);
+  if (!producer) {
+    std::cerr << "ecx demo: " << producer.status().message() << "\n";
+    return 1;
+  }
+  std::optional<json> consumer_result;
+  std::optional<json> producer_result;
+  const auto deadline = std::chrono::steady_clock::now() + seconds_to_duration(o.deadline_s + 60);
+  while ((!consumer_result || !producer_result) && std::chrono::steady_clock::now() < deadline) {
+    if (g_stop.load()) {
+      consumer->signal(SIGINT);
+      producer->signal(SIGINT);
+    }
+    if (!consumer_result) {
+      if (auto line = consumer->read_line(std::chrono::milliseconds(100))) {
+        auto doc = json::parse(*line, nullptr, false);
+        if (!doc.is_discarded()) {
+          if (doc.value("event", "") == "progress" && !o.quiet) render_progress(doc, tty);
+          if (doc.value("event", "") == "result") consumer_result = doc;
+        }
+      } else if (consumer->eof()) {
+        break;
+      }
+    }
+    if (!producer_result) {
+      if (auto line = producer->read_line(std::chrono::milliseconds(1))) {
+        auto doc = json::parse(*line, nullptr, false);
+        if (!doc.is_discarded() && doc.value("event", "") == "result") producer_result = doc;
+      }
+    }
+  }
+  if (tty) std::cout << "\n";
+  const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
+  const auto producer_exit = producer->wait(std::chrono::seconds(30));
+  if (!consumer_result) {
+    std::cerr << "ecx demo: the consumer ended without a summary (exit " << consumer_exit.value_or(-1) << ")\n";
+    return 1;
+  }
+  const auto& r = *consumer_result;
+  std::vector<double> ttr = r.value("time_to_ready_ms", std::vector<double>{});
+  const double wall = r.value("wall_s", 0.0);
+  const auto bytes = r.value("bytes_moved", std::uint64_t{0});
+  const double gbps = wall > 0 ? static_cast<double>(bytes) / wall / 1e9 : 0.0;
+  const auto total = producer_result ? producer_result->value("requests", std::uint64_t{0})
+                                     : r.value("requests_admitted", std::uint64_t{0});
+  json summary{{"requests_total", total},
+               {"requests_ready", r.value("requests_ready", 0ULL)},
+               {"requests_failed", r.value("requests_failed", 0ULL) +
+                                       (total - std::min<std::uint64_t>(total, r.value("requests_admitted", 0ULL)))},
+               {"items_ready", r.value("items_ready", 0ULL)},
+               {"bytes_moved", bytes},
+               {"gbps", gbps},
+               {"wall_s", wall},
+               {"time_to_ready_p50_ms", sim::percentile(ttr, 50)},
+               {"time_to_ready_p90_ms", sim::percentile(ttr, 90)},
+               {"time_to_ready_p99_ms", sim::percentile(ttr, 99)},
+               {"leaked_pool_bytes", r.value("leaked_pool_bytes", 0ULL)},
+               {"checksum_mismatches", r.value("checksum_mismatches", 0ULL)},
+               {"content_mismatches", r.value("content_mismatches", 0ULL)},
+               {"live_reservations", r.value("live_reservations", 0ULL)},
+               {"resident_bytes", r.value("resident_bytes", 0ULL)},
+               {"invariant_error", r.value("invariant_error", std::string())},
+               {"producer_failed_saves", producer_result ? producer_result->value("failed_saves", 0ULL) : 0ULL},
+               {"producer_retry_afters", producer_result ? producer_result->value("retry_afters", 0ULL) : 0ULL},
+               {"tp", o.tp},
+               {"transport", o.transport},
+               {"consumer_exit", consumer_exit.value_or(-1)},
+               {"producer_exit", producer_exit.value_or(-1)}};
+  const bool passed = summary["requests_failed"] == 0 && summary["requests_ready"] == total && total > 0 &&
+                      summary["leaked_pool_bytes"] == 0 && summary["checksum_mismatches"] == 0 &&
+                      summary["content_mismatches"] == 0 && summary["invariant_error"] == "" &&
+                      consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
+  summary["passed"] = passed;
+  auto row = [](std::string_view label, const std::string& value, std::string_view check = "") {
+    std::cout << fmt::format("  {:<28}{:>16}  {}\n", label, value, check);
+  };
+  auto mark = [](bool ok) { return ok ? "ok" : "FAILED"; };
+  std::cout << "\nsummary\n";
+  row("requests ready", fmt::format("{} / {}", summary["requests_ready"].get<std::uint64_t>(), total),
+      mark(summary["requests_ready"] == total && total > 0));
+  row("requests failed", std::to_string(summary["requests_failed"].get<std::uint64_t>()),
+      mark(summary["requests_failed"] == 0));
+  row("images delivered (x TP)", fmt::format("{} x {}", summary["items_ready"].get<std::uint64_t>(), o.tp));
+  row("bytes moved (per rank)", format_bytes(bytes));
+  row("throughput (per rank)", fmt::format("{:.2f} GB/s", gbps));
+  row("time to ready p50", fmt::format("{:.1f} ms", summary["time_to_ready_p50_ms"].get<double>()));
+  row("time to ready p90", fmt::format("{:.1f} ms", summary["time_to_ready_p90_ms"].get<double>()));
+  row("time to ready p99", fmt::format("{:.1f} ms", summary["time_to_ready_p99_ms"].get<double>()));
+  row("leaked pool bytes", std::to_string(summary["leaked_pool_bytes"].get<std::uint64_t>()),
+      mark(summary["leaked_pool_bytes"] == 0));
+  row("checksum mismatches", std::to_string(summary["checksum_mismatches"].get<std::uint64_t>()),
+      mark(summary["checksum_mismatches"] == 0));
+  row("content mismatches", std::to_string(summary["content_mismatches"].get<std::uint64_t>()),
+      mark(summary["content_mismatches"] == 0));
+  row("pool bookkeeping", summary["invariant_error"] == "" ? "consistent" : "INCONSISTENT",
+      mark(summary["invariant_error"] == ""));
+  row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
+  row("wall time", fmt::format("{:.1f} s", wall));
+  std::cout << (passed ? "\nPASSED\n" : "\nFAILED\n");
+  if (!o.json_file.empty()) {
+    std::ofstream(o.json_file) << summary.dump(2) << "\n";
+  }
+  return passed ? 0 : 1;
+}
+
+namespace {
+
+void add_demo_command(CLI::App& app, Runner& run) {
+  auto* demo =
+      app.add_subcommand("demo", "Run a consumer (TP=2) and a producer on loopback through a realistic workload");
+  auto o = std::make_shared<DemoOptions>();
+  demo->add_option("--requests", o->requests, "requests per round")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  demo->add_option("--min-images", o->min_images, "fewest images per request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  demo->add_option("--max-images", o->max_images, "most images per request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  demo->add_option("--min-tokens", o->min_tokens, "fewest embedding rows per image")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  demo->add_option("--max-tokens", o->max_tokens, "most embedding rows per image")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  demo->add_option("--hidden", o->hidden, "embedding width")->capture_default_str()->check(CLI::Range(1, 65536));
+  demo->add_option("--repeat", o->repeat, "share of images repeated across requests")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  demo->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
+  demo->add_option("--transport", o->transport, "UCX transport")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tcp", "shm"}));
+  demo->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
+      ->capture_default_str();
+  demo->add_option("--seed", o->seed, "workload seed")->capture_default_str();
+  demo->add_option("--duration", o->duration_s, "keep running new rounds for this many seconds (soak)")
+      ->capture_default_str();
+  demo->add_option("--deadline", o->deadline_s, "give up after this many seconds")->capture_default_str();
+  demo->add_option("--port", o->port, "consumer base control port (0 = pick free ports)")->capture_default_str();
+  demo->add_flag("--checksum,!--no-checksum", o->checksum, "verify xxHash64 checksums on landing")
+      ->capture_default_str();
+  demo->add_option("--json", o->json_file, "write the summary as JSON to this file");
+  demo->add_flag("--quiet", o->quiet, "no progress lines");
+  demo->add_option("--role", o->role, "internal: all | consumer | producer")
+      ->capture_default_str()
+      ->group("")
+      ->check(CLI::IsMember({"all", "consumer", "producer"}));
+  demo->add_option("--admit", o->admit, "internal: the consumer's admit endpoint")->group("");
+  demo->add_option("--consumer", o->consumer, "internal: the consumer's control address")->group("");
+  demo->callback([&run, o] {
+    run = [o] {
+      std::signal(SIGINT, on_signal);
+      std::signal(SIGTERM, on_signal);
+      if (o->min_images > o->max_images || o->min_tokens > o->max_tokens) {
+        std::cerr << "ecx demo: --min-* must not exceed --max-*\n";
+        return 2;
+      }
+      if (o->role == "consumer") return run_consumer(*o);
+      if (o->role == "producer") return run_producer(*o);
+      return run_demo(*o);
+    };
+  });
+}
+
+}  // namespace
+
+ECX_REGISTER_COMMAND(add_demo_command);
+
+}  // namespace ecx::cli

@@ -1,0 +1,402 @@
+#include "sim/engine_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "ecx/core/logging.h"
+#include "ecx/scheduler/coordinator.h"
+#include "ecx/worker/scheduler_links.h"
+#include "ecx/worker/worker_coordinator.h"
+
+namespace ecx::sim {
+namespace {
+
+using json = nlohmann::json;
+constexpr auto kBusyPause = std::chrono::microseconds(50);
+
+json item_json(const Item& item) {
+  return json{{"mm_hash", item.mm_hash},
+              {"transfer_id", item.transfer_id},
+              {"shape", item.spec.shape()},
+              {"dtype", std::string(dtype_name(item.spec.dtype()))}};
+}
+
+std::vector<scheduler::MmFeature> features_of(const std::vector<Item>& items) {
+  std::vector<scheduler::MmFeature> out;
+  std::int64_t offset = 0;
+  for (const auto& item : items) {
+    scheduler::MmFeature f;
+    f.identifier = item.mm_hash;
+    f.modality = "image";
+    f.num_encoder_embeds = item.spec.shape().front();
+    f.offset = offset;
+    f.length = f.num_encoder_embeds;
+    f.output_spec = item.spec;
+    offset += f.length + 1;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+}  // namespace
+
+double percentile(std::vector<double> samples, double pct) {
+  if (samples.empty()) return 0.0;
+  std::sort(samples.begin(), samples.end());
+  const double rank = std::clamp(pct, 0.0, 100.0) / 100.0 * static_cast<double>(samples.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(rank));
+  const auto hi = static_cast<std::size_t>(std::ceil(rank));
+  return samples[lo] + (samples[hi] - samples[lo]) * (rank - static_cast<double>(lo));
+}
+
+// ---------------------------------------------------------------- consumer
+
+struct ConsumerSim::State {
+  ConsumerSimOptions options;
+  std::shared_ptr<spdlog::logger> log = ecx::log::get("sim");
+  zmq::context_t context{1};
+  zmq::socket_t admit{context, zmq::socket_type::pull};
+  std::string admit_endpoint;
+  std::unique_ptr<scheduler::SchedulerCoordinator> scheduler;
+  std::vector<std::unique_ptr<worker::WorkerCoordinator>> workers;
+  using Cache = std::unordered_map<std::string, std::vector<std::byte>>;
+  std::vector<Cache> caches;  // one encoder cache per TP rank
+
+  struct Pending {
+    scheduler::RequestView view;
+    std::vector<Item> items;
+    TimePoint admitted;
+  };
+  std::map<std::string, Pending> pending;          // admitted, not yet resolved
+  std::vector<std::string> order;                  // admission order of `pending`
+  std::unordered_map<std::string, int> allocated;  // encoder-cache entries by hash: users
+  std::vector<std::string> to_free;
+  ConsumerResult result;
+  bool producer_done = false;
+  std::uint64_t expected = 0;
+
+  void admit_messages() {
+    zmq::message_t message;
+    while (admit.recv(message, zmq::recv_flags::dontwait)) {
+      json doc = json::parse(message.to_string_view(), nullptr, false);
+      if (doc.is_discarded() || !doc.is_object()) {
+        log->warn("ignoring an unreadable admit message");
+        continue;
+      }
+      if (doc.value("done", false)) {
+        producer_done = true;
+        expected = doc.value("requests", std::uint64_t{0});
+        continue;
+      }
+      Pending p;
+      p.admitted = options.clock->now();
+      for (const auto& it : doc.at("items")) {
+        std::vector<std::int64_t> shape = it.at("shape").get<std::vector<std::int64_t>>();
+        auto dtype = parse_dtype(it.at("dtype").get<std::string>());
+        auto spec = TensorSpec::make(std::move(shape), dtype.value_or(DType::uint8), ~0ULL);
+        if (!spec) continue;
+        p.items.push_back(Item{it.at("mm_hash").get<std::string>(), it.at("transfer_id").get<std::string>(), *spec});
+      }
+      p.view.request_id = doc.at("request_id").get<std::string>();
+      p.view.mm_features = features_of(p.items);
+      // What a proxy forwards: the encoder's ec_items (mm_hash + transfer_id).
+      json params = json::object();
+      if (auto found = doc.find("ec_transfer_params"); found != doc.end() && found->is_object()) {
+        params["ec_items"] = found->value("ec_items", json::array());
+      }
+      p.view.set_ec_transfer_params(params);
+      ++result.progress.requests_admitted;
+      order.push_back(p.view.request_id);
+      pending.emplace(p.view.request_id, std::move(p));
+    }
+  }
+
+  void resolve(const std::string& id, bool ready) {
+    auto it = pending.find(id);
+    if (it == pending.end()) return;
+    if (ready) {
+      ++result.progress.requests_ready;
+      result.items_ready += it->second.items.size();
+      result.time_to_ready_ms.push_back(
+          std::chrono::duration<double, std::milli>(options.clock->now() - it->second.admitted).count());
+    } else {
+      ++result.progress.requests_failed;
+      result.failed_requests.push_back(id);
+    }
+    pending.erase(it);
+    order.erase(std::remove(order.begin(), order.end(), id), order.end());
+  }
+
+  // The request's items are all loaded: allocate them (as vLLM's scheduler does),
+  // "run" it (verify every rank's copy) and finish it.
+  void run_request(Pending& p) {
+    bool ok = true;
+    for (std::size_t i = 0; i < p.items.size(); ++i) {
+      const auto& h = p.items[i].mm_hash;
+      auto& users = allocated[h];
+      if (users == 0) {
+        if (!scheduler->has_cache_item(h) && !caches[0].count(h)) {
+          log->error("request {}: item {} is neither cached nor loadable after the gate opened", p.view.request_id, h);
+          ok = false;
+        }
+        scheduler->update_state_after_alloc(p.view, i);
+      }
+      ++users;
+    }
+    for (std::size_t rank = 0; rank < caches.size() && ok; ++rank) {
+      for (const auto& item : p.items) {
+        auto found = caches[rank].find(item.mm_hash);
+        if (found == caches[rank].end()) {
+          log->error("rank {}: encoder cache miss for {} (request {})", rank, item.mm_hash, p.view.request_id);
+          ok = false;
+          break;
+        }
+        if (found->second.size() != item.spec.nbytes() || !content_matches(item.mm_hash, found->second)) {
+          ++result.content_mismatches;
+          ok = false;
+        } else if (rank == 0) {
+          result.progress.bytes_moved += item.spec.nbytes();
+        }
+      }
+    }
+    for (std::size_t i = 0; i < p.items.size(); ++i) scheduler->update_state_after_free(p.view, i);
+    (void)scheduler->request_finished(p.view);
+    for (const auto& item : p.items) {
+      if (--allocated[item.mm_hash] == 0) {
+        allocated.erase(item.mm_hash);
+        to_free.push_back(item.mm_hash);
+      }
+    }
+    resolve(p.view.request_id, ok);
+  }
+
+  void step() {
+    admit_messages();
+    std::vector<std::string> gate_open;
+    for (const auto& id : order) {
+      auto& p = pending.at(id);
+      if (p.view.has_malformed_params()) continue;  // the scheduler reports it unavailable
+      if (scheduler->ensure_cache_available(p.view, 0)) gate_open.push_back(id);
+    }
+    for (const auto& id : gate_open) {
+      if (auto it = pending.find(id); it != pending.end()) run_request(it->second);
+    }
+    scheduler::StepView view;
+    view.free_encoder_mm_hashes = std::move(to_free);
+    to_free.clear();
+    const auto meta = scheduler->build_connector_meta(view);
+    std::optional<worker::WorkerMeta> merged;
+    for (std::size_t rank = 0; rank < workers.size(); ++rank) {
+      auto& cache = caches[rank];
+      for (const auto& h : meta.freed) cache.erase(h);
+      workers[rank]->start_load_caches(
+          meta,
+          [&cache](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
+            auto& slot = cache[load.mm_hash];
+            slot.resize(load.spec.nbytes());
+            return worker::LoadDestination{slot.data(), false, 0};
+          },
+          [&cache](const std::string& h) { return cache.count(h) > 0; });
+      if (auto m = workers[rank]->build_worker_meta()) merged = merged ? merged->aggregate(*m) : *m;
+    }
+    for (const auto& h : merged ? merged->failed_loads : std::set<std::string>{}) {
+      for (auto& cache : caches) cache.erase(h);
+    }
+    if (merged) scheduler->update_connector_output(merged->to_output());
+    for (const auto& id : scheduler->take_unavailable_requests()) resolve(id, false);
+  }
+
+  Progress snapshot(TimePoint started) {
+    Progress p = result.progress;
+    p.requests_total = expected;
+    p.in_flight = pending.size();
+    for (const auto& w : workers) {
+      if (auto* shard = w->shard()) {
+        const auto c = shard->counters().reservations;
+        p.pool_used_bytes += c.pool_used_bytes;
+        p.pool_capacity += c.pool_capacity;
+      }
+    }
+    p.elapsed_s = duration_to_seconds(options.clock->now() - started);
+    return p;
+  }
+};
+
+Result<std::unique_ptr<ConsumerSim>> ConsumerSim::start(ConsumerSimOptions options) {
+  auto state = std::make_unique<State>();
+  state->options = std::move(options);
+  const auto& config = state->options.config;
+  if (!config.is_consumer()) return invalid_argument("ConsumerSim needs a consumer configuration");
+  state->admit.set(zmq::sockopt::linger, 0);
+  state->admit.set(zmq::sockopt::ipv6, 1);
+  try {
+    state->admit.bind(state->options.admit_bind);
+  } catch (const zmq::error_t& e) {
+    return unavailable(fmt::format("cannot bind the admit channel {}: {}", state->options.admit_bind, e.what()));
+  }
+  state->admit_endpoint = state->admit.get(zmq::sockopt::last_endpoint);
+  for (int rank = 0; rank < config.layout.tp_size; ++rank) {
+    Config rank_config = config;
+    rank_config.layout.tp_rank = rank;
+    auto w = worker::WorkerCoordinator::start(rank_config, state->options.clock);
+    if (!w) return Status(w.status().code(), fmt::format("consumer rank {}: {}", rank, w.status().message()));
+    state->workers.push_back(std::move(*w));
+  }
+  state->caches.resize(state->workers.size());
+  auto coordinator = worker::make_scheduler_coordinator(config, DType::bfloat16, 0, state->options.clock);
+  if (!coordinator) return coordinator.status();
+  state->scheduler = std::move(*coordinator);
+  return std::unique_ptr<ConsumerSim>(new ConsumerSim(std::move(state)));  // NOLINT: private constructor
+}
+
+ConsumerSim::ConsumerSim(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+ConsumerSim::~ConsumerSim() {
+  if (state_->scheduler) state_->scheduler->close();
+  for (auto& w : state_->workers) w->shutdown();
+}
+
+std::string ConsumerSim::admit_endpoint() const { return state_->admit_endpoint; }
+std::string ConsumerSim::control_address() const { return state_->options.config.control_address(0); }
+
+ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
+  auto& s = *state_;
+  const auto started = s.options.clock->now();
+  const auto deadline = started + s.options.deadline;
+  auto next_progress = started + s.options.progress_interval;
+  while (s.options.clock->now() < deadline && !(stop && stop->load())) {
+    s.step();
+    if (s.producer_done && s.pending.empty() && s.result.progress.requests_admitted >= s.expected) break;
+    if (s.options.on_progress && s.options.clock->now() >= next_progress) {
+      s.options.on_progress(s.snapshot(started));
+      next_progress = s.options.clock->now() + s.options.progress_interval;
+    }
+    if (s.pending.empty()) {
+      zmq::pollitem_t item{static_cast<void*>(s.admit), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(1));
+    } else {
+      std::this_thread::sleep_for(kBusyPause);
+    }
+  }
+  // Whatever is still pending at the deadline failed.
+  for (const auto& id : std::vector<std::string>(s.order)) s.resolve(id, false);
+  // Give the engine's frees back, then read the pools.
+  for (int i = 0; i < 2; ++i) s.step();
+  s.result.progress = s.snapshot(started);
+  s.result.producer_done = s.producer_done;
+  s.result.wall_s = duration_to_seconds(s.options.clock->now() - started);
+  for (const auto& w : s.workers) {
+    if (auto* shard = w->shard()) {
+      const auto c = shard->counters().reservations;
+      s.result.checksum_mismatches += c.checksum_mismatches;
+      s.result.live_reservations += c.live_records;
+      s.result.resident_bytes += c.resident_bytes;
+      s.result.leaked_pool_bytes += c.pool_used_bytes - std::min(c.pool_used_bytes, c.resident_bytes);
+      if (auto inv = shard->check_invariants(); !inv && s.result.invariant_error.empty()) {
+        s.result.invariant_error = inv.message();
+      }
+    }
+  }
+  return s.result;
+}
+
+// ---------------------------------------------------------------- producer
+
+Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atomic<bool>* stop) {
+  auto log = ecx::log::get("sim");
+  const auto workload = make_workload(o.workload);
+  auto coordinator = worker::make_scheduler_coordinator(o.config, o.workload.dtype, o.workload.hidden, o.clock);
+  if (!coordinator) return coordinator.status();
+  auto& scheduler = **coordinator;
+  auto started_worker = worker::WorkerCoordinator::start(o.config, o.clock);
+  if (!started_worker) return started_worker.status();
+  auto& worker = **started_worker;
+
+  zmq::context_t context{1};
+  zmq::socket_t admit{context, zmq::socket_type::push};
+  admit.set(zmq::sockopt::linger, 5000);  // let the final "done" reach the consumer
+  admit.set(zmq::sockopt::ipv6, 1);
+  admit.set(zmq::sockopt::sndhwm, 0);
+  try {
+    admit.connect(o.admit_connect);
+  } catch (const zmq::error_t& e) {
+    return unavailable(fmt::format("cannot connect the admit channel {}: {}", o.admit_connect, e.what()));
+  }
+
+  ProducerResult result;
+  const auto started = o.clock->now();
+  const auto deadline = started + o.deadline;
+  std::vector<std::byte> buffer;
+  std::size_t next = 0;
+  while (o.clock->now() < deadline && !(stop && stop->load())) {
+    std::vector<const SimRequest*> batch;
+    const auto active = worker.push_engine()->counters().pushes.active;
+    while (next < workload.size() && active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) &&
+           batch.size() < 8) {
+      batch.push_back(&workload[next++]);
+    }
+    std::vector<scheduler::RequestView> views;
+    for (const auto* r : batch) {
+      scheduler::RequestView view;
+      view.request_id = r->request_id;
+      view.mm_features = features_of(r->items);
+      json items = json::array();
+      for (const auto& item : r->items) items.push_back({{"transfer_id", item.transfer_id}});
+      view.set_ec_transfer_params(json{{"consumer_zmq", o.consumer_address}, {"ec_items", items}});
+      (void)scheduler.ensure_cache_available(view, 0);
+      for (std::size_t i = 0; i < r->items.size(); ++i) scheduler.update_state_after_alloc(view, i);
+      views.push_back(std::move(view));
+    }
+    const auto meta = scheduler.build_connector_meta({});
+    worker.start_save_caches(meta);
+    std::vector<std::string> finished;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      std::set<std::string> encoded;
+      for (const auto& item : batch[b]->items) {
+        if (!encoded.insert(item.mm_hash).second) continue;  // the engine encodes an item once per request
+        buffer.resize(item.spec.nbytes());
+        fill_content(item.mm_hash, buffer);
+        if (auto s = worker.save_cache(item.mm_hash, buffer.data(), buffer.size()); !s) {
+          log->warn("cannot stage {}: {}", item.mm_hash, s.to_string());
+        }
+        result.bytes += item.spec.nbytes();
+      }
+      result.items += batch[b]->items.size();
+      finished.push_back(batch[b]->request_id);
+    }
+    worker.get_finished(finished);
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      const auto params = scheduler.request_finished(views[b]);
+      json message{{"request_id", batch[b]->request_id}, {"items", json::array()}};
+      for (const auto& item : batch[b]->items) message["items"].push_back(item_json(item));
+      if (params.params) message["ec_transfer_params"] = *params.params;
+      const auto text = message.dump();
+      admit.send(zmq::buffer(text), zmq::send_flags::none);
+      ++result.requests;
+    }
+    if (auto m = worker.build_worker_meta()) {
+      result.failed_saves += m->failed_saves.size();
+      scheduler.update_connector_output(m->to_output());
+    }
+    if (next >= workload.size() && !worker.push_engine()->pending()) break;
+    if (batch.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const auto counters = worker.push_engine()->counters();
+  result.retry_afters = counters.pushes.retry_afters;
+  const auto done = json{{"done", true}, {"requests", result.requests}}.dump();
+  admit.send(zmq::buffer(done), zmq::send_flags::none);
+  result.wall_s = duration_to_seconds(o.clock->now() - started);
+  scheduler.close();
+  worker.shutdown();
+  return result;
+}
+
+}  // namespace ecx::sim

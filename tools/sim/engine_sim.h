@@ -1,0 +1,111 @@
+#pragma once
+// Engine simulators that drive ECX exactly as vLLM's engine steps a connector, for
+// the demo, the end-to-end bench and the multi-process tests. They stand in for vLLM
+// (which is not here), not for any part of ECX: every control message, event and
+// payload goes through the real scheduler and worker coordinators, ZeroMQ and UCX.
+//
+// ProducerSim (an encoder instance): per request, plans pushes through the
+// SchedulerCoordinator, "encodes" each image (deterministic content), binds it with
+// the WorkerCoordinator, finishes the request and forwards its ec_transfer_params to
+// the consumer over an admit channel, as a proxy would.
+// ConsumerSim (a PD instance, TP = N in one process): admits forwarded requests,
+// gates them with ensure_cache_available, loads landed payloads into per-rank
+// encoder caches, verifies every byte and records time-to-ready.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ecx/core/clock.h"
+#include "ecx/core/config.h"
+#include "ecx/core/status.h"
+#include "sim/workload.h"
+
+namespace ecx::sim {
+
+struct Progress {
+  std::uint64_t requests_total = 0;  // expected (0 = unknown yet)
+  std::uint64_t requests_admitted = 0;
+  std::uint64_t requests_ready = 0;
+  std::uint64_t requests_failed = 0;
+  std::uint64_t bytes_moved = 0;  // payload bytes verified in the consumer's caches (rank 0)
+  std::uint64_t in_flight = 0;    // admitted, not yet resolved
+  std::uint64_t pool_used_bytes = 0;
+  std::uint64_t pool_capacity = 0;
+  double elapsed_s = 0;
+};
+
+struct ConsumerResult {
+  Progress progress;
+  std::uint64_t items_ready = 0;
+  std::uint64_t content_mismatches = 0;   // bytes that differ from what the producer encoded
+  std::uint64_t checksum_mismatches = 0;  // payloads the consumer refused on their xxHash64
+  std::uint64_t leaked_pool_bytes = 0;    // held by neither a live transfer nor the resident cache
+  std::uint64_t live_reservations = 0;
+  std::uint64_t resident_bytes = 0;
+  std::vector<double> time_to_ready_ms;  // one per ready request
+  std::vector<std::string> failed_requests;
+  std::string invariant_error;  // empty when every shard's bookkeeping is consistent
+  bool producer_done = false;
+  double wall_s = 0;
+};
+
+struct ConsumerSimOptions {
+  Config config;  // consumer role; layout.tp_size = ranks run here
+  std::string admit_bind = "tcp://127.0.0.1:0";
+  Duration deadline = std::chrono::minutes(10);  // the whole run
+  // Once the producer said it is done: how long to wait for the last requests
+  // (their pushes may have failed; the scheduler fails them by push_wait_timeout).
+  Duration progress_interval = std::chrono::milliseconds(500);
+  std::function<void(const Progress&)> on_progress;
+  std::shared_ptr<const Clock> clock = SteadyClock::shared();
+};
+
+class ConsumerSim {
+ public:
+  static Result<std::unique_ptr<ConsumerSim>> start(ConsumerSimOptions options);
+  ~ConsumerSim();
+  // Where the producer sends its admit messages.
+  std::string admit_endpoint() const;
+  // The consumer's base control address (what producers put in consumer_zmq).
+  std::string control_address() const;
+  // Steps the engine until the producer is done and every admitted request resolved,
+  // or the deadline. `stop` ends it early.
+  ConsumerResult run(const std::atomic<bool>* stop = nullptr);
+
+  struct State;
+
+ private:
+  explicit ConsumerSim(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+struct ProducerResult {
+  std::uint64_t requests = 0;
+  std::uint64_t items = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t failed_saves = 0;
+  std::uint64_t retry_afters = 0;
+  double wall_s = 0;
+};
+
+struct ProducerSimOptions {
+  Config config;                 // producer role
+  std::string consumer_address;  // the consumer's base control address
+  std::string admit_connect;     // the consumer's admit endpoint
+  WorkloadOptions workload;
+  int max_active_pushes = 64;  // pacing: new requests wait while more pushes are in flight
+  Duration deadline = std::chrono::minutes(10);
+  std::shared_ptr<const Clock> clock = SteadyClock::shared();
+};
+
+// Runs the whole workload, then waits for every push to finish (or fail).
+Result<ProducerResult> run_producer(const ProducerSimOptions& options, const std::atomic<bool>* stop = nullptr);
+
+// Percentile (0..100) of unsorted samples; 0 when empty.
+double percentile(std::vector<double> samples, double pct);
+
+}  // namespace ecx::sim
