@@ -65,4 +65,36 @@ Result<std::string> format_socket_address(const sockaddr* address) {
   return format_host_port(host, std::atoi(port));
 }
 
+std::string encode_worker_address(const void* data, std::size_t size) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string text(kWorkerAddressPrefix);
+  text.reserve(text.size() + 2 * size);
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) {
+    text.push_back(kHex[bytes[i] >> 4]);
+    text.push_back(kHex[bytes[i] & 0xf]);
+  }
+  return text;
+}
+
+std::optional<std::vector<std::byte>> decode_worker_address(std::string_view address) {
+  if (!address.starts_with(kWorkerAddressPrefix)) return std::nullopt;
+  const std::string_view hex = address.substr(kWorkerAddressPrefix.size());
+  if (hex.empty() || hex.size() % 2 != 0) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::vector<std::byte> bytes(hex.size() / 2);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const int high = nibble(hex[2 * i]);
+    const int low = nibble(hex[2 * i + 1]);
+    if (high < 0 || low < 0) return std::nullopt;
+    bytes[i] = static_cast<std::byte>((high << 4) | low);
+  }
+  return bytes;
+}
+
 }  // namespace ecx::transport::detail

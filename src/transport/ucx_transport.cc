@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -57,6 +59,11 @@ std::shared_ptr<spdlog::logger> logger() {
   return instance;
 }
 
+// Worker addresses are hundreds of hex digits; logs show their start.
+std::string printable(std::string_view peer) {
+  return peer.size() <= 40 ? std::string(peer) : fmt::format("{}...({} chars)", peer.substr(0, 24), peer.size());
+}
+
 Status ucx_error(std::string_view what, ucs_status_t status) {
   const std::string message = fmt::format("{}: {}", what, ucs_status_string(status));
   switch (status) {
@@ -101,6 +108,7 @@ struct Endpoint {
   std::string peer;
   bool outgoing = false;
   bool failed = false;
+  bool described = false;
   std::set<std::uint64_t> sends;   // op ids using this endpoint
   std::set<std::uint64_t> grants;  // put mode, receiving side: landings granted to this peer
 };
@@ -120,6 +128,8 @@ struct SendOp {
   ucp_rkey_h rkey = nullptr;   // put mode
   std::uint64_t grant_id = 0;  // put mode
   bool expired = false;
+  // Reported to its owner (deadline) while UCX still holds the request; see abandon_send().
+  bool abandoned = false;
 };
 
 struct PendingLanding {
@@ -129,6 +139,22 @@ struct PendingLanding {
   Landing landing;
   std::uint64_t endpoint = 0;  // put mode: the granted peer
 };
+
+// A small put-mode control message; UCX may still read its bytes after
+// ucp_am_send_nbx returns (e.g. while the endpoint is wiring up), so it lives until
+// its completion callback.
+struct ControlMessage {
+  UcxTransport* owner = nullptr;
+  std::vector<std::byte> header;
+  std::vector<std::byte> payload;
+};
+
+template <typename T>
+std::vector<std::byte> bytes_of(const T& value) {
+  std::vector<std::byte> bytes(sizeof value);
+  std::memcpy(bytes.data(), &value, sizeof value);
+  return bytes;
+}
 
 struct AtomicStats {
   std::atomic<std::uint64_t> sends_started{0}, sends_ok{0}, sends_failed{0}, bytes_sent{0};
@@ -425,13 +451,34 @@ class UcxTransport final : public Transport {
       if (found == sends_.end()) continue;
       found->second->expired = true;
       stats_.deadline_expiries.fetch_add(1);
-      expired_endpoints.push_back(found->second->endpoint);
+      if (options_.peer_error_handling) {
+        expired_endpoints.push_back(found->second->endpoint);
+      } else {
+        abandon_send(*found->second);
+      }
     }
     // UCX 1.13 cannot cancel one send: closing the endpoint fails every send on it,
     // each callback then reporting `timeout` for the expired ones.
     for (const auto id : expired_endpoints) {
       fail_endpoint(id, timeout_error("a send on this endpoint passed its deadline"));
     }
+  }
+
+  // Without peer error handling UCX can neither cancel the request nor force-close
+  // its endpoint (the close would wait for it), so the owner hears `timeout` now and
+  // the op lingers until UCX lets go of it. Its region stays in use meanwhile (a stuck
+  // peer may still read the source once it resumes).
+  void abandon_send(SendOp& op) {
+    if (op.request == nullptr) {
+      finish_send(op.id, timeout_error("send did not complete before its deadline"));
+      return;
+    }
+    op.abandoned = true;
+    ++abandoned_sends_;
+    if (auto endpoint = endpoints_.find(op.endpoint); endpoint != endpoints_.end())
+      endpoint->second->sends.erase(op.id);
+    stats_.sends_failed.fetch_add(1);
+    invoke_sent(op.on_sent, timeout_error("send did not complete before its deadline (the peer is not answering)"));
   }
 
   // --- regions -------------------------------------------------------------------
@@ -501,12 +548,22 @@ class UcxTransport final : public Transport {
 
   static void on_endpoint_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* endpoint = static_cast<Endpoint*>(arg);
-    endpoint->owner->failed_endpoints_.emplace_back(endpoint->id,
-                                                    ucx_error(fmt::format("peer {} failed", endpoint->peer), status));
+    endpoint->owner->failed_endpoints_.emplace_back(
+        endpoint->id, ucx_error(fmt::format("peer {} failed", printable(endpoint->peer)), status));
   }
 
   static void on_connection_request(ucp_conn_request_h request, void* arg) {
     static_cast<UcxTransport*>(arg)->conn_requests_.push_back(request);
+  }
+
+  void set_error_handling(ucp_ep_params_t& params, Endpoint& endpoint) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.err_mode = options_.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    if (options_.peer_error_handling) {
+      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.err_handler.cb = &UcxTransport::on_endpoint_error;
+      params.err_handler.arg = &endpoint;
+    }
   }
 
   Result<std::string> do_listen(const std::string& host, int port) {
@@ -532,7 +589,15 @@ class UcxTransport final : public Transport {
     auto bound_port = detail::split_host_port(*bound);
     if (!bound_port) return bound_port.status();
     listen_address_ = format_host_port(host, bound_port->port);
-    logger()->info("{} listening on {}", name(), listen_address_);
+    if (options_.mode == UcxMode::am && options_.address_kind == UcxAddressKind::worker) {
+      ucp_worker_attr_t worker_attr{};
+      worker_attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+      if (auto st = ucp_worker_query(worker_, &worker_attr); st != UCS_OK) return ucx_error("worker address", st);
+      listen_address_ = detail::encode_worker_address(worker_attr.address, worker_attr.address_length);
+      ucp_worker_release_address(worker_, worker_attr.address);
+    }
+    logger()->info("{} listening on {} ({} bytes of address)", name(), format_host_port(host, bound_port->port),
+                   listen_address_.size());
     return listen_address_;
   }
 
@@ -547,12 +612,9 @@ class UcxTransport final : public Transport {
                            .value_or(std::string("unknown"));
     }
     ucp_ep_params_t params{};
-    params.field_mask =
-        UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     params.conn_request = request;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &UcxTransport::on_endpoint_error;
-    params.err_handler.arg = endpoint.get();
+    set_error_handling(params, *endpoint);
     if (auto st = ucp_ep_create(worker_, &params, &endpoint->ep); st != UCS_OK) {
       logger()->warn("refused a connection from {}: {}", endpoint->peer, ucs_status_string(st));
       return;
@@ -566,26 +628,35 @@ class UcxTransport final : public Transport {
     if (auto cached = endpoints_by_peer_.find(address); cached != endpoints_by_peer_.end()) {
       return EndpointHandle{cached->second};
     }
-    auto host_port = detail::split_host_port(address);
-    if (!host_port) return host_port.status();
-    auto socket_address = detail::resolve(*host_port);
-    if (!socket_address) return socket_address.status();
     auto endpoint = std::make_unique<Endpoint>();
     endpoint->owner = this;
     endpoint->id = next_id_++;
     endpoint->peer = address;
     endpoint->outgoing = true;
     ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = socket_address->get();
-    params.sockaddr.addrlen = socket_address->length;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &UcxTransport::on_endpoint_error;
-    params.err_handler.arg = endpoint.get();
+    params.field_mask = 0;
+    detail::SocketAddress socket_address;
+    const auto worker_address = detail::decode_worker_address(address);
+    if (worker_address) {
+      if (options_.mode == UcxMode::put) return invalid_argument("put mode connects to host:port addresses only");
+      params.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      params.address = reinterpret_cast<const ucp_address_t*>(worker_address->data());
+    } else if (address.starts_with(detail::kWorkerAddressPrefix)) {
+      return invalid_argument("malformed UCX worker address");
+    } else {
+      auto host_port = detail::split_host_port(address);
+      if (!host_port) return host_port.status();
+      auto resolved = detail::resolve(*host_port);
+      if (!resolved) return resolved.status();
+      socket_address = *resolved;
+      params.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+      params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      params.sockaddr.addr = socket_address.get();
+      params.sockaddr.addrlen = socket_address.length;
+    }
+    set_error_handling(params, *endpoint);
     if (auto st = ucp_ep_create(worker_, &params, &endpoint->ep); st != UCS_OK) {
-      return ucx_error(fmt::format("connect to {}", address), st);
+      return ucx_error(fmt::format("connect to {}", printable(address)), st);
     }
     const EndpointHandle handle{endpoint->id};
     endpoints_by_peer_.emplace(address, endpoint->id);
@@ -596,14 +667,18 @@ class UcxTransport final : public Transport {
 
   // Marks an endpoint failed, drops it from the cache, force-closes it (UCX then
   // completes its requests with errors) and fails what UCX does not know about.
-  void fail_endpoint(std::uint64_t id, const Status& status) {
+  void fail_endpoint(std::uint64_t id, const Status& status, bool peer_failed = true) {
     auto found = endpoints_.find(id);
     if (found == endpoints_.end() || found->second->failed) return;
     Endpoint& endpoint = *found->second;
     const std::string peer = endpoint.peer;  // the endpoint may be gone once closed
     endpoint.failed = true;
-    stats_.peer_failures.fetch_add(1);
-    logger()->warn("endpoint to {} failed: {}", endpoint.peer, status.to_string());
+    if (peer_failed) {
+      stats_.peer_failures.fetch_add(1);
+      logger()->warn("endpoint to {} failed: {}", printable(endpoint.peer), status.to_string());
+    } else {
+      logger()->debug("closing the endpoint to {}: {}", printable(endpoint.peer), status.message());
+    }
     if (endpoint.outgoing) endpoints_by_peer_.erase(endpoint.peer);
     endpoint_by_ucp_.erase(endpoint.ep);
 
@@ -627,7 +702,7 @@ class UcxTransport final : public Transport {
     } else {
       endpoints_.erase(id);
     }
-    if (options_.on_peer_failure) {
+    if (peer_failed && options_.on_peer_failure) {
       try {
         options_.on_peer_failure(EndpointHandle{id}, peer, status);
       } catch (const std::exception& e) {
@@ -720,12 +795,11 @@ class UcxTransport final : public Transport {
       auto endpoint = endpoints_.find(op.endpoint);
       if (endpoint != endpoints_.end() && !endpoint->second->failed) {
         // The flush finished: every byte is at the target. Tell the receiver.
-        const PutDone done{op.grant_id};
-        ucp_request_param_t params{};
-        params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        params.flags = UCP_AM_SEND_FLAG_EAGER;
-        void* request = ucp_am_send_nbx(endpoint->second->ep, kPutDoneAm, &done, sizeof done, nullptr, 0, &params);
-        if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // released by UCX once sent
+        if (auto st = send_control(endpoint->second->ep, kPutDoneAm, bytes_of(PutDone{op.grant_id}), {}, 0); !st) {
+          // The bytes are at the target, but the receiver will not hear so; its landing
+          // fails when this endpoint does.
+          logger()->warn("could not confirm a put: {}", st.to_string());
+        }
       }
     }
     finish_send(op.id, Status::ok());
@@ -747,13 +821,34 @@ class UcxTransport final : public Transport {
       endpoint->second->sends.erase(op->id);
     }
     if (op->rkey != nullptr) ucp_rkey_destroy(op->rkey);
+    if (op->abandoned) {  // its owner already heard
+      --abandoned_sends_;
+      return;
+    }
     if (status.is_ok()) {
       stats_.sends_ok.fetch_add(1);
       stats_.bytes_sent.fetch_add(op->length);
+      describe_endpoint_once(op->endpoint);
     } else {
       stats_.sends_failed.fetch_add(1);
     }
     invoke_sent(op->on_sent, status);
+  }
+
+  // Which transports and lanes UCX picked, once per endpoint after wire-up (debug level).
+  void describe_endpoint_once(std::uint64_t id) {
+    if (!logger()->should_log(spdlog::level::debug)) return;
+    auto found = endpoints_.find(id);
+    if (found == endpoints_.end() || found->second->described) return;
+    found->second->described = true;
+    char* text = nullptr;
+    std::size_t size = 0;
+    if (FILE* stream = ::open_memstream(&text, &size)) {
+      ucp_ep_print_info(found->second->ep, stream);
+      std::fclose(stream);
+      logger()->debug("endpoint to {}:\n{}", printable(found->second->peer), std::string(text, size));
+      std::free(text);
+    }
   }
 
   static void invoke_sent(SendCallback& on_sent, const Status& status) {
@@ -884,21 +979,39 @@ class UcxTransport final : public Transport {
 
   // --- put mode ------------------------------------------------------------------
 
-  void post_put_request(SendOp& op, Endpoint& endpoint) {
-    std::vector<std::byte> wire(sizeof(PutRequest) + op.header.size());
-    const PutRequest request{op.id, op.length};
-    std::memcpy(wire.data(), &request, sizeof request);
-    std::memcpy(wire.data() + sizeof request, op.header.data(), op.header.size());
+  Status send_control(ucp_ep_h ep, unsigned id, std::vector<std::byte> header, std::vector<std::byte> payload,
+                      std::uint32_t flags) {
+    auto message = std::make_unique<ControlMessage>();
+    message->owner = this;
+    message->header = std::move(header);
+    message->payload = std::move(payload);
     ucp_request_param_t params{};
-    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    params.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-    // The header is copied into the eager message before ucp_am_send_nbx returns,
-    // so `wire` may go; the op now waits for the grant.
-    void* sent = ucp_am_send_nbx(endpoint.ep, kPutRequestAm, wire.data(), wire.size(), nullptr, 0, &params);
-    if (UCS_PTR_IS_ERR(sent)) {
-      finish_send(op.id, ucx_error("put request", UCS_PTR_STATUS(sent)));
-    } else if (sent != nullptr) {
-      ucp_request_free(sent);
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = flags | UCP_AM_SEND_FLAG_EAGER;
+    params.cb.send = &UcxTransport::on_control_sent;
+    params.user_data = message.get();
+    void* request =
+        ucp_am_send_nbx(ep, id, message->header.data(), message->header.size(),
+                        message->payload.empty() ? nullptr : message->payload.data(), message->payload.size(), &params);
+    if (request == nullptr) return Status::ok();
+    if (UCS_PTR_IS_ERR(request)) return ucx_error("control message", UCS_PTR_STATUS(request));
+    ControlMessage* key = message.get();
+    control_in_flight_.emplace(key, std::move(message));
+    return Status::ok();
+  }
+
+  static void on_control_sent(void* request, ucs_status_t /*status*/, void* user_data) {
+    auto* message = static_cast<ControlMessage*>(user_data);
+    ucp_request_free(request);
+    message->owner->control_in_flight_.erase(message);
+  }
+
+  void post_put_request(SendOp& op, Endpoint& endpoint) {
+    std::vector<std::byte> wire = bytes_of(PutRequest{op.id, op.length});
+    wire.insert(wire.end(), op.header.begin(), op.header.end());
+    // The op now waits for the receiver's grant (or refusal).
+    if (auto st = send_control(endpoint.ep, kPutRequestAm, std::move(wire), {}, UCP_AM_SEND_FLAG_REPLY); !st) {
+      finish_send(op.id, st);
     }
   }
 
@@ -951,17 +1064,11 @@ class UcxTransport final : public Transport {
         landings_.emplace(pending->id, std::move(pending));
       }
     }
-    ucp_request_param_t params{};
-    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    params.flags = UCP_AM_SEND_FLAG_EAGER;
-    // The rkey travels as the (eager, copied) payload; the header carries the rest.
-    void* sent = ucp_am_send_nbx(reply_ep, kPutGrantAm, &answer, sizeof answer, rkey ? rkey->data() : nullptr,
-                                 rkey ? rkey->size() : 0, &params);
-    if (UCS_PTR_IS_ERR(sent)) {
-      logger()->warn("could not answer a put request: {}", ucs_status_string(UCS_PTR_STATUS(sent)));
-      if (answer.grant_id != 0) finish_landing(answer.grant_id, ucx_error("put grant", UCS_PTR_STATUS(sent)));
-    } else if (sent != nullptr) {
-      ucp_request_free(sent);
+    // The rkey travels as the payload; the header carries the rest.
+    if (auto st = send_control(reply_ep, kPutGrantAm, bytes_of(answer), rkey ? *rkey : std::vector<std::byte>{}, 0);
+        !st) {
+      logger()->warn("could not answer a put request: {}", st.to_string());
+      if (answer.grant_id != 0) finish_landing(answer.grant_id, st);
     }
   }
 
@@ -1045,10 +1152,11 @@ class UcxTransport final : public Transport {
     for (const auto& [id, endpoint] : endpoints_) {
       if (!endpoint->failed) ids.push_back(id);
     }
-    for (const auto id : ids) fail_endpoint(id, cancelled("transport shut down"));
+    for (const auto id : ids) fail_endpoint(id, cancelled("transport shut down"), /*peer_failed=*/false);
     // Let UCX complete what the closes cancelled, boundedly.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while ((!closing_.empty() || !sends_.empty() || !landings_.empty()) && std::chrono::steady_clock::now() < give_up) {
+    while ((!closing_.empty() || sends_.size() > abandoned_sends_ || !landings_.empty()) &&
+           std::chrono::steady_clock::now() < give_up) {
       ucp_worker_progress(worker_);
       handle_deferred();
     }
@@ -1064,6 +1172,7 @@ class UcxTransport final : public Transport {
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
     for (auto& [id, request] : closing_) ucp_request_free(request);
     closing_.clear();
+    control_in_flight_.clear();
     for (auto& [id, region] : regions_) ucp_mem_unmap(context_, region->memh);
     regions_.clear();
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
@@ -1101,6 +1210,8 @@ class UcxTransport final : public Transport {
   std::deque<ucp_conn_request_h> conn_requests_;
   std::deque<std::pair<std::uint64_t, Status>> failed_endpoints_;
   std::vector<std::pair<std::uint64_t, void*>> closing_;  // endpoint id, close request
+  std::unordered_map<ControlMessage*, std::unique_ptr<ControlMessage>> control_in_flight_;
+  std::uint64_t abandoned_sends_ = 0;
 };
 
 }  // namespace

@@ -106,7 +106,8 @@ class Transport {
   virtual Status deregister_region(RegionHandle region) = 0;
 
   // Starts accepting connections on host:port (port 0 = any free port) and returns
-  // the address peers pass to connect(), e.g. "127.0.0.1:40123".
+  // the address peers pass to connect() (a backend-defined string, e.g.
+  // "127.0.0.1:40123"); the consumer puts it in its topology reply.
   virtual Result<std::string> listen(std::string_view host, int port) = 0;
   // The endpoint for a peer address, created on first use and cached; a failed
   // endpoint is dropped from the cache, so the next connect() makes a fresh one.

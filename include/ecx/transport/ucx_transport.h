@@ -29,8 +29,26 @@ namespace ecx::transport {
 
 enum class UcxMode : std::uint8_t { am, put };
 
+// What listen() advertises.
+enum class UcxAddressKind : std::uint8_t {
+  // "ucx:<hex>": the worker's packed address. Peers connect with it directly and UCX
+  // picks the best transport, including shared memory when both run on one host
+  // (UCX 1.13 never uses shared memory for a socket-address connection).
+  worker,
+  // "host:port": a socket-address listener (UCX connection manager). Put mode uses
+  // it, because the receiver needs an endpoint per sender to fail the landings it
+  // granted when that sender dies.
+  socket,
+};
+
 struct UcxOptions {
   UcxMode mode = UcxMode::am;
+  UcxAddressKind address_kind = UcxAddressKind::worker;  // put mode always advertises `socket`
+  // UCP_ERR_HANDLING_MODE_PEER: a dead peer fails its endpoint's operations promptly.
+  // UCX 1.13's shared-memory transports (posix, sysv, cma) cannot run in that mode, so
+  // with it a same-host peer is reached over tcp loopback. Turning it off lets UCX use
+  // shared memory; a dead peer is then noticed only through send deadlines.
+  bool peer_error_handling = true;
   std::string tls;  // "" = UCX_TLS from the environment (or UCX's default)
   // Payloads of at least this many bytes are sent with rendezvous (0 = UCX decides).
   std::uint64_t rndv_threshold_bytes = 8192;

@@ -1,10 +1,11 @@
 // The other process of the transport tests. Driven line by line over stdin;
 // answers on stdout.
 //
-//   transport_peer send --connect ADDR [--tls TLS] [--mode am|put]
+//   common options: [--tls TLS] [--mode am|put] [--peer-errors 0|1]
+//   transport_peer send --connect ADDR
 //     send INDEX SOURCE_OFFSET PAYLOAD_BYTES LANDING_BYTES FLAGS -> "sent INDEX <status>"
 //     random SEED COUNT WINDOW  -> "failed INDEX <status>" per failure, then "random-done OK FAILED"
-//   transport_peer receive --listen HOST [--tls TLS] [--mode am|put]
+//   transport_peer receive --listen HOST
 //     prints "address ADDR", then "landed INDEX <status> verified|corrupt" per landing and
 //     "stalled INDEX" when a kStall header hangs its resolver (until the test kills it)
 //   both: "quit" exits.
@@ -37,6 +38,7 @@ void say(const std::string& line) {
 struct Args {
   std::string role, connect, listen, tls;
   UcxMode mode = UcxMode::am;
+  bool peer_errors = true;
 };
 
 int run_sender(const Args& args) {
@@ -48,6 +50,7 @@ int run_sender(const Args& args) {
   UcxOptions options;
   options.tls = args.tls;
   options.mode = args.mode;
+  options.peer_error_handling = args.peer_errors;
   auto transport = create_ucx_transport(options);
   if (!transport) return say("error " + transport.status().to_string()), 1;
   auto region = (*transport)->register_region(slab->data(), slab->size(), MemoryKind::host);
@@ -139,6 +142,7 @@ int run_receiver(const Args& args) {
   UcxOptions options;
   options.tls = args.tls;
   options.mode = args.mode;
+  options.peer_error_handling = args.peer_errors;
   options.resolver = [&](std::span<const std::byte> bytes, std::uint64_t) -> Result<Landing> {
     auto header = parse_header(bytes);
     if (!header) return invalid_argument("bad header");
@@ -188,6 +192,7 @@ int main(int argc, char** argv) {
     if (key == "--connect") args.connect = value;
     if (key == "--listen") args.listen = value;
     if (key == "--tls") args.tls = value;
+    if (key == "--peer-errors") args.peer_errors = value == "1";
     if (key == "--mode") args.mode = ecx::transport::parse_ucx_mode(value).value_or(ecx::transport::UcxMode::am);
   }
   if (args.role == "send") return run_sender(args);

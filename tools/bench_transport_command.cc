@@ -1,0 +1,626 @@
+// `ecx bench transport`: ECX's UCX data plane between a producer process and a
+// consumer process on loopback, next to `ucx_perftest -t ucp_am_bw` on the same
+// transport and size and a plain memcpy, all in the same run.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_command.h"
+#include "commands.h"
+#include "ecx/core/config.h"
+#include "ecx/core/logging.h"
+#include "ecx/pool/offset_allocator.h"
+#include "ecx/pool/slab.h"
+#include "ecx/transport/ucx_transport.h"
+
+namespace ecx::cli {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string transport = "tcp";
+  std::string size_text = "9MiB";
+  std::string sizes_text;   // comma list, or "sweep"
+  std::uint64_t count = 0;  // 0 = automatic per size
+  std::uint32_t window = 4;
+  std::uint32_t repeat = 3;
+  std::string mode = "am";
+  std::string json_file;
+  std::string plot_file;
+  bool skip_perftest = false;
+  // Hidden: the consumer half, started by the producer as a child process.
+  bool consumer = false;
+  std::uint64_t consumer_slot_bytes = 0;
+};
+
+const std::vector<std::uint64_t> kSweepSizes = {4ULL << 10, 16ULL << 10, 64ULL << 10, 256ULL << 10, 1ULL << 20,
+                                                4ULL << 20, 9ULL << 20,  16ULL << 20, 64ULL << 20};
+
+Result<std::uint64_t> parse_size(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
+    ++digits;
+  if (digits == 0) return invalid_argument(fmt::format("size '{}' does not start with a number", text));
+  const double number = std::stod(std::string(text.substr(0, digits)));
+  std::string unit(text.substr(digits));
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  double scale = 1;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "kib" || unit == "kb") {
+    scale = 1024.0;
+  } else if (unit == "m" || unit == "mib" || unit == "mb") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "g" || unit == "gib" || unit == "gb") {
+    scale = 1024.0 * 1024 * 1024;
+  } else {
+    return invalid_argument(fmt::format("size '{}': unknown unit '{}' (K, M, G are binary)", text, unit));
+  }
+  const auto bytes = static_cast<std::uint64_t>(std::llround(number * scale));
+  if (bytes == 0) return invalid_argument(fmt::format("size '{}' is zero", text));
+  return bytes;
+}
+
+std::string size_label(std::uint64_t bytes) {
+  if (bytes >= (1ULL << 20) && bytes % (1ULL << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= (1ULL << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+// UCX_TLS for each named transport, the same for ECX and ucx_perftest (self only
+// matters for a process talking to itself).
+std::string ucx_tls(const std::string& transport) { return transport == "tcp" ? "tcp" : "sm,self"; }
+
+std::uint64_t auto_count(std::uint64_t size) { return std::clamp<std::uint64_t>((2ULL << 30) / size, 20, 100'000); }
+
+// ---------------------------------------------------------------------------------
+// Child processes
+
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env) {
+    ::signal(SIGPIPE, SIG_IGN);
+    int to_child[2];
+    int from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(to_child[0], STDIN_FILENO);
+      ::dup2(from_child[1], STDOUT_FILENO);
+      for (const auto& [key, value] : env) ::setenv(key.c_str(), value.c_str(), 1);
+      std::vector<char*> args;
+      std::vector<std::string> copy = argv;
+      for (auto& arg : copy) args.push_back(arg.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    stdin_ = to_child[1];
+    stdout_ = from_child[0];
+  }
+  ~Child() {
+    if (stdin_ >= 0) ::close(stdin_);
+    if (pid_ > 0) {
+      // A well-behaved child exits on "quit" or EOF; give it a moment, then make sure.
+      for (int i = 0; i < 200 && !exited(); ++i) std::this_thread::sleep_for(10ms);
+      if (!exited()) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+      }
+    }
+    if (stdout_ >= 0) ::close(stdout_);
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  void write_line(const std::string& line) {
+    const std::string data = line + "\n";
+    [[maybe_unused]] auto n = ::write(stdin_, data.data(), data.size());
+  }
+  std::optional<std::string> read_line(std::chrono::milliseconds timeout) {
+    const auto give_up = Clock::now() + timeout;
+    for (;;) {
+      if (auto newline = buffer_.find('\n'); newline != std::string::npos) {
+        std::string line = buffer_.substr(0, newline);
+        buffer_.erase(0, newline + 1);
+        return line;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd fd{stdout_, POLLIN, 0};
+      if (::poll(&fd, 1, static_cast<int>(left.count())) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = ::read(stdout_, chunk, sizeof chunk);
+      if (n <= 0) return std::nullopt;
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+  // Everything the child writes until it exits (bounded by `timeout`).
+  std::string read_all(std::chrono::milliseconds timeout) {
+    std::string all;
+    while (auto line = read_line(timeout)) all += *line + "\n";
+    return all + buffer_;
+  }
+  // Waits (bounded) for the exit; true when it exited with status 0.
+  bool wait(std::chrono::milliseconds timeout) {
+    const auto give_up = Clock::now() + timeout;
+    while (!exited() && Clock::now() < give_up) std::this_thread::sleep_for(5ms);
+    return exited() && exit_status_ == 0;
+  }
+
+ private:
+  bool exited() {
+    if (pid_ <= 0) return true;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      pid_ = -1;
+      return true;
+    }
+    return false;
+  }
+
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+  int stdout_ = -1;
+  int exit_status_ = -1;
+  std::string buffer_;
+};
+
+std::string self_executable() {
+  std::error_code error;
+  auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string("ecx") : path.string();
+}
+
+// ---------------------------------------------------------------------------------
+// Series
+
+struct Series {
+  std::string name;
+  std::string transport;
+  std::uint64_t size = 0;
+  double gbps = 0;
+  std::optional<double> p50_us, p99_us;
+  std::optional<double> ratio_vs_perftest;
+  std::uint64_t count = 0;
+};
+
+double percentile(std::vector<double> values, double rank) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const auto index = static_cast<std::size_t>(std::ceil(rank / 100.0 * static_cast<double>(values.size()))) - 1;
+  return values[std::min(index, values.size() - 1)];
+}
+
+// The consumer half: lands every payload in a slot of its registered pool.
+int run_consumer(const BenchOptions& options) {
+  const std::uint64_t slot = options.consumer_slot_bytes;
+  const std::uint64_t alignment = 4096;
+  const std::uint64_t pool_bytes = (slot + alignment) * (options.window + 2);
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, pool_bytes, pool::SlabOptions{.prefault = true});
+  if (!slab) {
+    std::cerr << "consumer: " << slab.status().to_string() << "\n";
+    return 1;
+  }
+  pool::OffsetAllocator allocator(slab->size(), alignment);
+  transport::UcxOptions ucx;
+  ucx.tls = ucx_tls(options.transport);
+  ucx.peer_error_handling = options.transport == "tcp";  // UCX 1.13 shared memory cannot do it
+  ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
+  ucx.resolver = [&](std::span<const std::byte>, std::uint64_t bytes) -> Result<transport::Landing> {
+    auto reserved = allocator.allocate(bytes);
+    if (!reserved) return reserved.status();
+    return transport::Landing{slab->at(*reserved), bytes, reserved->offset};
+  };
+  ucx.on_landing = [&](std::span<const std::byte>, const transport::Landing& landing, Status) {
+    (void)allocator.free(pool::Slot{landing.token, (landing.length + alignment - 1) / alignment * alignment});
+  };
+  auto created = transport::create_ucx_transport(ucx);
+  if (!created) {
+    std::cerr << "consumer: " << created.status().to_string() << "\n";
+    return 1;
+  }
+  auto& transport = *created;
+  if (!transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host)) return 1;
+  auto address = transport->listen("127.0.0.1", 0);
+  if (!address) {
+    std::cerr << "consumer: " << address.status().to_string() << "\n";
+    return 1;
+  }
+  std::cout << "address " << *address << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+  }
+  const auto stats = transport->stats();
+  std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << std::endl;
+  return 0;
+}
+
+// The producer half: one run of `count` sends of `size` bytes, `window` in flight.
+Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
+  Child consumer({self_executable(), "bench", "transport", "--consumer", "--transport", options.transport, "--mode",
+                  options.mode, "--window", std::to_string(options.window), "--slot-bytes", std::to_string(size)},
+                 {});
+  if (!consumer.started()) return internal_error("cannot start the consumer process");
+  auto line = consumer.read_line(30s);
+  if (!line || !line->starts_with("address ")) return unavailable("the consumer process did not start listening");
+
+  const std::uint64_t window = options.window;
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * window, pool::SlabOptions{.prefault = true});
+  if (!slab) return slab.status();
+  std::memset(slab->data(), 0x3c, slab->size());
+  transport::UcxOptions ucx;
+  ucx.tls = ucx_tls(options.transport);
+  ucx.peer_error_handling = options.transport == "tcp";  // UCX 1.13 shared memory cannot do it
+  ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
+  auto created = transport::create_ucx_transport(ucx);
+  if (!created) return created.status();
+  auto& transport = *created;
+  auto region = transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host);
+  if (!region) return region.status();
+  auto endpoint = transport->connect(line->substr(8));
+  if (!endpoint) return endpoint.status();
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::uint64_t in_flight = 0, completed = 0, failed = 0;
+  std::vector<double> latencies_us;
+  latencies_us.reserve(count);
+  Status first_error;
+  const auto clock = SteadyClock::shared();
+  const std::byte header[64] = {};
+
+  auto run_batch = [&](std::uint64_t n, bool record) -> Status {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      {
+        std::unique_lock lock(mutex);
+        if (!changed.wait_for(lock, 60s, [&] { return in_flight < window; })) return timeout_error("sends stalled");
+        ++in_flight;
+      }
+      const auto started = Clock::now();
+      auto status = transport->send(
+          *endpoint, header, *region, (i % window) * size, size, clock->now() + 60s, [&, started, record](Status s) {
+            const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
+            std::lock_guard lock(mutex);
+            --in_flight;
+            ++completed;
+            if (!s) {
+              ++failed;
+              if (first_error) first_error = s;
+            } else if (record) {
+              latencies_us.push_back(us);
+            }
+            changed.notify_all();
+          });
+      if (!status) return status;
+    }
+    std::unique_lock lock(mutex);
+    if (!changed.wait_for(lock, 120s, [&] { return in_flight == 0; })) return timeout_error("sends never completed");
+    return first_error;
+  };
+
+  ECX_RETURN_IF_ERROR(run_batch(std::max<std::uint64_t>(window * 2, count / 10), false));  // warm-up
+  const auto begin = Clock::now();
+  ECX_RETURN_IF_ERROR(run_batch(count, true));
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  consumer.write_line("quit");
+  Series series;
+  series.name = "ecx";
+  series.transport = options.transport;
+  series.size = size;
+  series.count = count;
+  series.gbps = static_cast<double>(size * count) / seconds / 1e9;
+  series.p50_us = percentile(latencies_us, 50);
+  series.p99_us = percentile(latencies_us, 99);
+  return series;
+}
+
+bool port_is_listening(int port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (colon == std::string::npos) continue;
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port && state == "0A") return true;
+    }
+  }
+  return false;
+}
+
+Result<int> free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    if (fd >= 0) ::close(fd);
+    return unavailable("no free loopback port");
+  }
+  ::close(fd);
+  return static_cast<int>(ntohs(address.sin_port));
+}
+
+// ucx_perftest server and client on loopback; parses the client's final line:
+// iterations, 50%ile, avg and overall overhead (us), avg and overall bandwidth
+// (MB/s, which ucx_perftest counts in MiB), avg and overall message rate.
+Result<Series> run_perftest(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
+  auto port = free_port();
+  if (!port) return port.status();
+  const std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", ucx_tls(options.transport)}};
+  const std::string iterations = std::to_string(count);
+  const std::string warmup = std::to_string(std::max<std::uint64_t>(options.window * 2, count / 10));
+  const std::vector<std::string> common = {"-t", "ucp_am_bw", "-s", std::to_string(size),  "-n", iterations,
+                                           "-w", warmup,      "-p", std::to_string(*port), "-f"};
+  std::vector<std::string> server_args = {"ucx_perftest"};
+  server_args.insert(server_args.end(), common.begin(), common.end());
+  Child server(server_args, env);
+  if (!server.started()) return unavailable("cannot start ucx_perftest (install ucx-utils)");
+  const auto give_up = Clock::now() + 10s;
+  while (!port_is_listening(*port)) {
+    if (Clock::now() > give_up) return unavailable("ucx_perftest server did not start listening");
+    std::this_thread::sleep_for(5ms);
+  }
+  std::vector<std::string> client_args = {"ucx_perftest", "127.0.0.1"};
+  client_args.insert(client_args.end(), common.begin(), common.end());
+  Child client(client_args, env);
+  const std::string output = client.read_all(300s);
+  const bool ok = client.wait(10s);
+  server.wait(10s);
+  std::istringstream lines(output);
+  std::string line, last;
+  while (std::getline(lines, line)) {
+    if (line.find_first_not_of(" \t") != std::string::npos) last = line;
+  }
+  std::istringstream fields(last);
+  std::vector<double> numbers;
+  for (double value = 0; fields >> value;) numbers.push_back(value);
+  if (!ok || numbers.size() != 8) {
+    return unavailable(fmt::format("ucx_perftest failed or printed no result: '{}'", last));
+  }
+  Series series;
+  series.name = "ucx_perftest_am_bw";
+  series.transport = options.transport;
+  series.size = size;
+  series.count = count;
+  series.gbps = numbers[5] * 1024 * 1024 / 1e9;
+  return series;
+}
+
+Series run_memcpy(const std::string& transport, std::uint64_t size, std::uint64_t count) {
+  std::vector<std::byte> source(size, std::byte{1});
+  std::vector<std::byte> destination(size, std::byte{0});
+  std::memcpy(destination.data(), source.data(), size);  // warm both buffers
+  // At least ~0.2 s of copying so small sizes are measurable.
+  const auto repetitions = std::max<std::uint64_t>(count, (200ULL << 20) / size);
+  const auto begin = Clock::now();
+  for (std::uint64_t i = 0; i < repetitions; ++i) {
+    std::memcpy(destination.data(), source.data(), size);
+    source[i % size] = destination[(i * 7) % size];  // keeps the copies observable
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  Series series;
+  series.name = "memcpy";
+  series.transport = transport;
+  series.size = size;
+  series.count = repetitions;
+  series.gbps = static_cast<double>(size * repetitions) / seconds / 1e9;
+  return series;
+}
+
+nlohmann::json to_json(const Series& s) {
+  nlohmann::json j = {{"series", s.name}, {"transport", s.transport}, {"size_bytes", s.size}, {"gbps", s.gbps}};
+  if (s.p50_us) j["p50_us"] = *s.p50_us;
+  if (s.p99_us) j["p99_us"] = *s.p99_us;
+  if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
+  return j;
+}
+
+Status write_plot(const std::string& png, const std::vector<Series>& all) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ecx-bench-plot-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::string plot_lines;
+  for (const std::string name : {"ecx", "ucx_perftest_am_bw", "memcpy"}) {
+    std::ofstream data(dir / (name + ".dat"));
+    bool any = false;
+    for (const auto& s : all) {
+      if (s.name == name) {
+        data << s.size << " " << s.gbps << "\n";
+        any = true;
+      }
+    }
+    if (!any) continue;
+    if (!plot_lines.empty()) plot_lines += ", ";
+    plot_lines += fmt::format("'{}' using 1:2 with linespoints title '{}'", (dir / (name + ".dat")).string(), name);
+  }
+  {
+    std::ofstream script(dir / "plot.gp");
+    script << "set terminal pngcairo size 1000,600\n"
+           << "set output '" << png << "'\n"
+           << "set title 'ecx bench transport (" << (all.empty() ? "" : all.front().transport) << ")'\n"
+           << "set logscale x 2\nset xlabel 'message size (bytes)'\nset ylabel 'GB/s (10^9 bytes/s)'\n"
+           << "set key top left\nset grid\nplot " << plot_lines << "\n";
+  }
+  const std::string command = fmt::format("gnuplot '{}'", (dir / "plot.gp").string());
+  const int rc = std::system(command.c_str());
+  std::filesystem::remove_all(dir);
+  if (rc != 0) return unavailable("gnuplot failed (install gnuplot-nox)");
+  return Status::ok();
+}
+
+int run_bench(const BenchOptions& options) {
+  log::set_level(spdlog::level::warn);
+  if (options.consumer) return run_consumer(options);
+  if (options.transport != "tcp" && options.transport != "shm") {
+    std::cerr << "ecx bench transport: --transport must be tcp or shm\n";
+    return 2;
+  }
+  if (!transport::parse_ucx_mode(options.mode)) {
+    std::cerr << "ecx bench transport: --mode must be am or put\n";
+    return 2;
+  }
+  std::vector<std::uint64_t> sizes;
+  if (options.sizes_text == "sweep") {
+    sizes = kSweepSizes;
+  } else if (!options.sizes_text.empty()) {
+    std::istringstream list(options.sizes_text);
+    for (std::string item; std::getline(list, item, ',');) {
+      auto size = parse_size(item);
+      if (!size) {
+        std::cerr << "ecx bench transport: " << size.status().message() << "\n";
+        return 2;
+      }
+      sizes.push_back(*size);
+    }
+  } else {
+    auto size = parse_size(options.size_text);
+    if (!size) {
+      std::cerr << "ecx bench transport: " << size.status().message() << "\n";
+      return 2;
+    }
+    sizes.push_back(*size);
+  }
+
+  std::cout << fmt::format("ecx bench transport: {} (UCX_TLS={}), mode {}, window {}, median of {} runs, UCX {}\n",
+                           options.transport, ucx_tls(options.transport), options.mode, options.window, options.repeat,
+                           transport::ucx_library_version());
+  std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
+                           "ratio");
+  std::vector<Series> all;
+  int rc = 0;
+  for (const auto size : sizes) {
+    const std::uint64_t count = options.count != 0 ? options.count : auto_count(size);
+    std::vector<Series> ecx_runs, perftest_runs;
+    std::string perftest_error;
+    // Interleaved repetitions, so load from anything else on the machine hits both.
+    for (std::uint32_t r = 0; r < options.repeat; ++r) {
+      auto ecx = run_ecx(options, size, count);
+      if (!ecx) {
+        std::cerr << "ecx bench transport: ecx run failed: " << ecx.status().to_string() << "\n";
+        return 1;
+      }
+      ecx_runs.push_back(*ecx);
+      if (!options.skip_perftest) {
+        auto perftest = run_perftest(options, size, count);
+        if (perftest) {
+          perftest_runs.push_back(*perftest);
+        } else {
+          perftest_error = perftest.status().message();
+        }
+      }
+    }
+    auto pick_median = [](std::vector<Series>& runs) {
+      std::sort(runs.begin(), runs.end(), [](const Series& a, const Series& b) { return a.gbps < b.gbps; });
+      return runs[runs.size() / 2];
+    };
+    Series ecx = pick_median(ecx_runs);
+    std::optional<Series> perftest;
+    if (!perftest_runs.empty()) perftest = pick_median(perftest_runs);
+    Series copy = run_memcpy(options.transport, size, count);
+    if (perftest) ecx.ratio_vs_perftest = ecx.gbps / perftest->gbps;
+
+    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n", size_label(size), "ecx", ecx.gbps,
+                             *ecx.p50_us, *ecx.p99_us,
+                             ecx.ratio_vs_perftest ? fmt::format("{:.2f}", *ecx.ratio_vs_perftest) : "-");
+    if (perftest) {
+      std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "ucx_perftest_am_bw", perftest->gbps,
+                               "-", "-", "1.00");
+    } else if (!options.skip_perftest) {
+      std::cout << fmt::format("{:>10} {:>20}   failed: {}\n", "", "ucx_perftest_am_bw", perftest_error);
+      rc = 1;
+    }
+    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "memcpy", copy.gbps, "-", "-",
+                             perftest ? fmt::format("{:.2f}", copy.gbps / perftest->gbps) : "-");
+    std::cout << std::flush;
+    all.push_back(ecx);
+    if (perftest) all.push_back(*perftest);
+    all.push_back(copy);
+  }
+  std::cout << "ratio: GB/s divided by ucx_perftest's; p50/p99: per-message send-to-completion latency with the "
+               "window in flight\n";
+  if (!options.json_file.empty()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& s : all) list.push_back(to_json(s));
+    std::ofstream out(options.json_file);
+    out << list.dump(2) << "\n";
+    if (!out) {
+      std::cerr << "ecx bench transport: cannot write " << options.json_file << "\n";
+      return 1;
+    }
+  }
+  if (!options.plot_file.empty()) {
+    if (auto st = write_plot(options.plot_file, all); !st) {
+      std::cerr << "ecx bench transport: " << st.message() << "\n";
+      return 1;
+    }
+  }
+  return rc;
+}
+
+void add_bench_transport_command(CLI::App& app, Runner& run) {
+  auto* cmd = bench_subcommand(app)->add_subcommand(
+      "transport", "UCX data plane between two processes vs ucx_perftest -t ucp_am_bw and memcpy");
+  auto options = std::make_shared<BenchOptions>();
+  cmd->add_option("--transport", options->transport, "tcp or shm (shared memory)")->capture_default_str();
+  cmd->add_option("--size", options->size_text, "message size, e.g. 9MiB, 64K, 4096")->capture_default_str();
+  cmd->add_option("--sizes", options->sizes_text,
+                  "comma-separated sizes to sweep, or 'sweep' for 4 KiB..64 MiB (overrides --size)");
+  cmd->add_option("--count", options->count, "messages per run (0: automatic, ~2 GiB per run)")->capture_default_str();
+  cmd->add_option("--window", options->window, "sends kept in flight")->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--repeat", options->repeat, "interleaved runs per series; the median is reported")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 20));
+  cmd->add_option("--mode", options->mode, "am (active messages) or put (one-sided, for RC verbs)")
+      ->capture_default_str();
+  cmd->add_option("--json", options->json_file, "write the series as a JSON list to FILE");
+  cmd->add_option("--plot", options->plot_file, "draw GB/s against size into FILE.png (gnuplot)");
+  cmd->add_flag("--no-perftest", options->skip_perftest, "skip the ucx_perftest baseline");
+  auto* consumer = cmd->add_flag("--consumer", options->consumer, "run the consumer half (internal)");
+  auto* slot = cmd->add_option("--slot-bytes", options->consumer_slot_bytes, "consumer slot size (internal)");
+  consumer->group("");
+  slot->group("");
+  cmd->callback([&run, options] { run = [options] { return run_bench(*options); }; });
+}
+
+}  // namespace
+
+ECX_REGISTER_COMMAND(add_bench_transport_command);
+
+}  // namespace ecx::cli
