@@ -32,3 +32,13 @@ if(NOT ECX_CUDA STREQUAL "OFF")
     message(STATUS "ecx: no CUDA toolkit; CUDA paths are left out")
   endif()
 endif()
+
+# libFuzzer builds (`cmake --preset fuzz`): every library is instrumented for coverage
+# and checked by ASan+UBSan; the fuzz_* executables add the libFuzzer driver.
+if(ECX_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "ECX_FUZZ=ON needs clang (cmake --preset fuzz sets it)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -18,16 +18,19 @@ Wakeup::~Wakeup() {
 }
 
 void Wakeup::notify() noexcept {
-  if (pending_.exchange(true, std::memory_order_acq_rel)) return;
+  if (pending_.exchange(true, std::memory_order_seq_cst)) return;
   const std::uint64_t one = 1;
   // EAGAIN only when the counter would overflow: already readable, nothing lost.
   [[maybe_unused]] const ssize_t n = ::write(fd_, &one, sizeof one);
 }
 
 void Wakeup::clear() noexcept {
-  pending_.store(false, std::memory_order_release);
+  // Read first, then reopen the flag: the other order loses a wakeup when a notify
+  // lands in between (its write would be swallowed by this read while the flag
+  // stays set, silencing every later notify).
   std::uint64_t value = 0;
   [[maybe_unused]] const ssize_t n = ::read(fd_, &value, sizeof value);
+  pending_.store(false, std::memory_order_seq_cst);
 }
 
 void set_common_options(zmq::socket_t& socket, const wire::Limits& limits) {

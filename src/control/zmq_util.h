@@ -29,7 +29,7 @@ class Wakeup {
   bool valid() const noexcept { return fd_ >= 0; }
   int fd() const noexcept { return fd_; }
   void notify() noexcept;
-  void clear() noexcept;  // called by the polling thread before it looks at its queues
+  void clear() noexcept;  // by the polling thread once the fd polls readable, before it reads its queues
 
  private:
   int fd_ = -1;
