@@ -2,6 +2,7 @@
 #include "http.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -253,8 +254,24 @@ struct Session : Responder {
                        escaped, status);
   }
 
+  // After refusing a request whose body is still arriving: closing at once would
+  // reset the connection and lose the answer, so stop sending, read and discard
+  // what the client still sends (bounded in bytes and time), then close.
+  Task<void> drain_then_close() {
+    error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    std::array<char, 16384> sink{};
+    std::size_t drained = 0;
+    stream.expires_after(std::min<Duration>(server->limits.read_timeout, std::chrono::seconds(2)));
+    while (!ec && drained < (8u << 20)) {
+      drained += co_await stream.async_read_some(net::buffer(sink), net::redirect_error(net::use_awaitable, ec));
+    }
+    stream.close();
+  }
+
   Task<void> run() {
     for (;;) {
+      started_ = finished = broken = false;  // per request
       bhttp::request_parser<bhttp::string_body> parser;
       parser.body_limit(server->limits.max_body_bytes);
       parser.header_limit(64 * 1024);
@@ -263,7 +280,8 @@ struct Session : Responder {
       co_await bhttp::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
       if (ec == bhttp::error::body_limit) {
         co_await answer_error(413, fmt::format("the request body exceeds {} bytes", server->limits.max_body_bytes));
-        break;
+        co_await drain_then_close();
+        co_return;
       }
       if (ec == bhttp::error::header_limit) {
         co_await answer_error(431, "the request head is too large");
@@ -277,7 +295,6 @@ struct Session : Responder {
       request.headers = fields_of(message);
       request.body = std::move(message.body());
       keep_alive = message.keep_alive();
-      started_ = finished = broken = false;
       busy = true;
       ++server->active_requests;
       try {

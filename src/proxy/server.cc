@@ -165,7 +165,9 @@ struct ProxyServer::Impl {
   }
 
   Task<int> reply_error(http::Responder& res, int status, std::string stage, std::string message) {
-    co_return co_await reply_error(res, StageError{status, std::move(stage), std::move(message), nullptr});
+    // A named local: GCC 12 mishandles aggregate temporaries inside co_await expressions.
+    const StageError error{status, std::move(stage), std::move(message), nullptr};
+    co_return co_await reply_error(res, error);
   }
 
   void count_upstream(std::string_view stage, std::string_view outcome) {
@@ -360,7 +362,8 @@ struct ProxyServer::Impl {
       co_return DecodeOutcome::answered;
     }
     count_upstream("decode", "http_error");
-    answered = co_await reply_error(res, upstream_status_error("decode", url, status, *whole));
+    const auto error = upstream_status_error("decode", url, status, *whole);
+    answered = co_await reply_error(res, error);
     co_return DecodeOutcome::answered;
   }
 
@@ -565,7 +568,10 @@ struct ProxyServer::Impl {
                                      "the admin API is disabled (start the proxy with an admin key)");
     }
     if (!admin_key_matches(req)) co_return co_await reply_error(res, 401, "admin", "missing or wrong X-API-Key");
-    if (req.method == "GET") co_return co_await reply_json(res, 200, roster.snapshot());
+    if (req.method == "GET") {
+      const json snapshot = roster.snapshot();
+      co_return co_await reply_json(res, 200, snapshot);
+    }
     json body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
     if (body.is_discarded()) co_return co_await reply_error(res, 400, "admin", "the body is not JSON");
     if (req.method == "POST") {
