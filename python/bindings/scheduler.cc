@@ -1,0 +1,191 @@
+// ecx._core: the scheduler side of the connector. RequestView is built once per
+// engine request by the Python layer (and cached there); the coordinator's hooks take
+// it as is, so a hook costs one call across the boundary.
+#include <limits>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/common.h"
+#include "ecx/core/clock.h"
+#include "ecx/core/config.h"
+#include "ecx/core/dtype.h"
+#include "ecx/scheduler/coordinator.h"
+#include "ecx/worker/scheduler_links.h"
+
+namespace ecx::python {
+namespace {
+
+using scheduler::ConnectorMeta;
+using scheduler::MmFeature;
+using scheduler::RequestView;
+using scheduler::SchedulerCoordinator;
+
+constexpr std::uint64_t kAnySize = std::numeric_limits<std::uint64_t>::max();
+
+// (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype])
+MmFeature feature_from(const py::handle& item) {
+  auto t = py::reinterpret_borrow<py::tuple>(item);
+  if (t.size() != 5 && t.size() != 7) {
+    throw py::value_error("a feature is (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype])");
+  }
+  MmFeature f;
+  f.identifier = t[0].cast<std::string>();
+  f.modality = t[1].cast<std::string>();
+  f.offset = t[2].cast<std::int64_t>();
+  f.length = t[3].cast<std::int64_t>();
+  f.num_encoder_embeds = t[4].cast<std::int64_t>();
+  if (t.size() == 7 && !t[5].is_none()) {
+    f.output_spec = make_spec(t[5].cast<std::vector<std::int64_t>>(), t[6].cast<std::string>(), kAnySize);
+  }
+  return f;
+}
+
+py::tuple meta_to_python(const ConnectorMeta& meta) {
+  py::list candidates;
+  for (const auto& c : meta.store_candidates)
+    candidates.append(py::make_tuple(c.mm_hash, shape_of(c.spec), dtype_of(c.spec)));
+  py::list pushes;
+  for (const auto& p : meta.pushes) {
+    pushes.append(
+        py::make_tuple(p.mm_hash, p.transfer_id, shape_of(p.spec), dtype_of(p.spec), p.consumer_zmq, p.request_id));
+  }
+  py::list loads;
+  for (const auto& l : meta.loads) {
+    loads.append(py::make_tuple(l.mm_hash, l.transfer_id, shape_of(l.spec), dtype_of(l.spec), l.local));
+  }
+  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads);
+}
+
+py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
+  py::dict d;
+  d["drains"] = s.drains;
+  d["events_received"] = s.events_received;
+  d["events_malformed"] = s.events_malformed;
+  d["ready_accepted"] = s.ready_accepted;
+  d["ready_ignored"] = s.ready_ignored;
+  d["awaiting_shards"] = s.awaiting_shards;
+  d["partial_dropped"] = s.partial_dropped;
+  d["abandoned_events"] = s.abandoned_events;
+  d["failed_events"] = s.failed_events;
+  d["pushes_planned"] = s.pushes_planned;
+  d["push_conflicts"] = s.push_conflicts;
+  d["unresolved_transfer_ids"] = s.unresolved_transfer_ids;
+  d["malformed_requests"] = s.malformed_requests;
+  d["cancels_queued"] = s.cancels_queued;
+  d["cancels_succeeded"] = s.cancels_succeeded;
+  d["cancels_failed"] = s.cancels_failed;
+  d["cancels_dropped"] = s.cancels_dropped;
+  d["cancels_local_only"] = s.cancels_local_only;
+  return d;
+}
+
+// Owns the coordinator; close() is idempotent and every hook after it is a no-op
+// answer, so an engine that keeps calling during shutdown cannot crash.
+class PyScheduler {
+ public:
+  PyScheduler(const Config& config, const std::string& model_dtype, std::int64_t model_hidden_width,
+              std::shared_ptr<ManualClock> clock) {
+    const DType dtype = value_or_raise(parse_dtype(model_dtype));
+    std::shared_ptr<const Clock> c = clock ? std::shared_ptr<const Clock>(clock) : SteadyClock::shared();
+    py::gil_scoped_release release;  // socket setup
+    impl_ = value_or_raise(worker::make_scheduler_coordinator(config, dtype, model_hidden_width, std::move(c)));
+  }
+
+  SchedulerCoordinator& impl() {
+    if (!impl_) throw std::runtime_error("the ECX scheduler coordinator is closed");
+    return *impl_;
+  }
+  bool open() const noexcept { return impl_ != nullptr; }
+
+  void close() {
+    if (!impl_) return;
+    py::gil_scoped_release release;  // joins the cancel executor
+    impl_->close();
+    impl_.reset();
+  }
+
+ private:
+  std::unique_ptr<SchedulerCoordinator> impl_;
+};
+
+}  // namespace
+
+void register_scheduler(py::module_& m) {
+  py::class_<ManualClock, std::shared_ptr<ManualClock>>(m, "ManualClock", "A clock that moves only when told (tests).")
+      .def(py::init<>())
+      .def(
+          "advance", [](ManualClock& c, double seconds) { c.advance(seconds_to_duration(seconds)); },
+          py::arg("seconds"));
+
+  py::class_<RequestView>(m, "RequestView", "What the scheduler coordinator knows about one engine request.")
+      .def(py::init([](const std::string& request_id, const py::sequence& features,
+                       const std::optional<std::string>& ec_transfer_params_json) {
+             RequestView v;
+             v.request_id = request_id;
+             v.mm_features.reserve(features.size());
+             for (const auto& f : features) v.mm_features.push_back(feature_from(f));
+             if (ec_transfer_params_json) v.set_ec_transfer_params_text(*ec_transfer_params_json);
+             return v;
+           }),
+           py::arg("request_id"), py::arg("features"), py::arg("ec_transfer_params_json") = std::nullopt,
+           "features: (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype]) per item; "
+           "ec_transfer_params_json: the request's ec_transfer_params as JSON text (None = absent).")
+      .def_readonly("request_id", &RequestView::request_id)
+      .def_property_readonly("num_features", [](const RequestView& v) { return v.mm_features.size(); })
+      .def_property_readonly("has_params", [](const RequestView& v) { return v.ec_transfer_params.has_value(); })
+      .def_property_readonly("has_malformed_params", &RequestView::has_malformed_params)
+      .def_readonly("ec_transfer_params_error", &RequestView::ec_transfer_params_error)
+      .def("identifier", [](const RequestView& v, std::size_t i) { return v.mm_features.at(i).identifier; });
+
+  py::class_<PyScheduler>(m, "SchedulerCoordinator",
+                          "The connector's scheduler-side logic (never blocks on the network).")
+      .def(py::init<const Config&, const std::string&, std::int64_t, std::shared_ptr<ManualClock>>(), py::arg("config"),
+           py::arg("model_dtype") = "bfloat16", py::arg("model_hidden_width") = 0, py::arg("clock") = nullptr)
+      .def("has_cache_item", [](PyScheduler& s, const std::string& id) { return s.impl().has_cache_item(id); })
+      .def("ensure_cache_available",
+           [](PyScheduler& s, const RequestView& r, std::int64_t n) { return s.impl().ensure_cache_available(r, n); })
+      .def("update_state_after_alloc",
+           [](PyScheduler& s, const RequestView& r, std::size_t i) { s.impl().update_state_after_alloc(r, i); })
+      .def("update_state_after_free",
+           [](PyScheduler& s, const RequestView& r, std::size_t i) { s.impl().update_state_after_free(r, i); })
+      .def(
+          "build_connector_meta",
+          [](PyScheduler& s, std::vector<std::string> free_hashes, std::vector<std::string> preempted) {
+            scheduler::StepView step{std::move(free_hashes), std::move(preempted)};
+            return meta_to_python(s.impl().build_connector_meta(step));
+          },
+          py::arg("free_encoder_mm_hashes"), py::arg("preempted_request_ids") = std::vector<std::string>{},
+          "Returns (freed, orphan_cancels, store_candidates[(mm_hash, shape, dtype)], "
+          "pushes[(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)], "
+          "loads[(mm_hash, transfer_id, shape, dtype, local)]).")
+      .def(
+          "update_connector_output",
+          [](PyScheduler& s, std::vector<std::string> loaded, std::vector<std::string> failed_loads,
+             std::vector<std::string> reclaimed, bool pending_saves, std::vector<std::string> failed_saves) {
+            scheduler::WorkerOutput out{std::move(loaded), std::move(failed_loads), std::move(reclaimed), pending_saves,
+                                        std::move(failed_saves)};
+            s.impl().update_connector_output(out);
+          },
+          py::arg("loaded"), py::arg("failed_loads"), py::arg("reclaimed"), py::arg("pending_saves"),
+          py::arg("failed_saves"))
+      .def(
+          "request_finished",
+          [](PyScheduler& s, const RequestView& r) -> std::pair<bool, std::optional<std::string>> {
+            auto result = s.impl().request_finished(r);
+            if (!result.params) return {result.delay_free, std::nullopt};
+            return {result.delay_free, result.params->dump()};
+          },
+          "Returns (delay_free, params as JSON text or None).")
+      .def("take_unavailable_requests", [](PyScheduler& s) { return s.impl().take_unavailable_requests(); })
+      .def("has_pending_push_work", [](PyScheduler& s) { return s.open() && s.impl().has_pending_push_work(); })
+      .def("stats", [](PyScheduler& s) { return stats_to_python(s.impl().stats()); })
+      .def_property_readonly("closed", [](const PyScheduler& s) { return !s.open(); })
+      .def("close", &PyScheduler::close, "Joins the cancel executor, closes the sockets. Idempotent.");
+}
+
+}  // namespace ecx::python

@@ -1,0 +1,223 @@
+// ecx._core: the worker side of the connector. Tensors cross as (data_ptr, nbytes,
+// device) only; no libtorch here. Every call that may wait releases the GIL, and the
+// allocate callback of start_load_caches takes it back to let Python create tensors.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/common.h"
+#include "ecx/core/metrics.h"
+#include "ecx/worker/worker_coordinator.h"
+
+namespace ecx::python {
+namespace {
+
+using worker::WorkerCoordinator;
+using worker::WorkerMeta;
+
+using LoadTuple = std::tuple<std::string, std::string, std::vector<std::int64_t>, std::string, bool>;
+using PushTuple =
+    std::tuple<std::string, std::string, std::vector<std::int64_t>, std::string, std::string, std::string>;
+using MetaTuple = std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, bool,
+                             std::vector<std::string>>;
+
+MetaTuple meta_to_tuple(const WorkerMeta& m) {
+  return {{m.loaded.begin(), m.loaded.end()},
+          {m.failed_loads.begin(), m.failed_loads.end()},
+          {m.reclaimed.begin(), m.reclaimed.end()},
+          m.pending_saves,
+          {m.failed_saves.begin(), m.failed_saves.end()}};
+}
+
+WorkerMeta meta_from_tuple(const MetaTuple& t) {
+  WorkerMeta m;
+  m.loaded.insert(std::get<0>(t).begin(), std::get<0>(t).end());
+  m.failed_loads.insert(std::get<1>(t).begin(), std::get<1>(t).end());
+  m.reclaimed.insert(std::get<2>(t).begin(), std::get<2>(t).end());
+  m.pending_saves = std::get<3>(t);
+  m.failed_saves.insert(std::get<4>(t).begin(), std::get<4>(t).end());
+  return m;
+}
+
+class PyWorker {
+ public:
+  explicit PyWorker(const Config& config) : max_tensor_bytes_(config.effective_max_tensor_bytes()) {
+    py::gil_scoped_release release;  // pool allocation and registration, socket binds
+    impl_ = value_or_raise(WorkerCoordinator::start(config));
+    impl_->export_metrics(metrics::Registry::global());
+  }
+
+  WorkerCoordinator& impl() {
+    if (!impl_) throw std::runtime_error("the ECX worker coordinator is shut down");
+    return *impl_;
+  }
+
+  // allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device_index)
+  std::pair<std::vector<std::string>, std::vector<std::string>> start_load_caches(
+      const std::vector<LoadTuple>& loads, const std::vector<std::string>& present, const py::function& allocate) {
+    scheduler::ConnectorMeta meta;
+    meta.loads.reserve(loads.size());
+    for (const auto& [mm_hash, transfer_id, shape, dtype, local] : loads) {
+      meta.loads.push_back(
+          scheduler::LoadSpec{mm_hash, transfer_id, make_spec(shape, dtype, max_tensor_bytes_), local});
+    }
+    const std::unordered_set<std::string> in_cache(present.begin(), present.end());
+    auto is_present = [&in_cache](const std::string& h) { return in_cache.contains(h); };
+    auto destination = [&allocate](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
+      py::gil_scoped_acquire gil;
+      try {
+        py::tuple r = allocate(load.mm_hash, load.spec.shape(), dtype_of(load.spec));
+        if (r.size() != 3) return invalid_argument("allocate must return (data_ptr, is_cuda, device)");
+        const auto ptr = r[0].cast<std::uintptr_t>();
+        if (ptr == 0) return invalid_argument("allocate returned a null data pointer");
+        return worker::LoadDestination{reinterpret_cast<void*>(ptr), r[1].cast<bool>(), r[2].cast<int>()};
+      } catch (py::error_already_set& e) {
+        return internal_error(std::string("allocate raised: ") + e.what());
+      } catch (const py::cast_error& e) {
+        return invalid_argument(std::string("allocate returned a bad value: ") + e.what());
+      }
+    };
+    WorkerCoordinator& w = impl();
+    worker::LoadReport report;
+    {
+      py::gil_scoped_release release;  // takes, copies, CUDA stream waits
+      report = w.start_load_caches(meta, destination, is_present);
+    }
+    return {std::move(report.loaded), std::move(report.failed)};
+  }
+
+  void start_save_caches(const std::vector<PushTuple>& pushes) {
+    scheduler::ConnectorMeta meta;
+    meta.pushes.reserve(pushes.size());
+    for (const auto& [mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id] : pushes) {
+      meta.pushes.push_back(scheduler::PushSpec{mm_hash, make_spec(shape, dtype, max_tensor_bytes_), consumer_zmq,
+                                                transfer_id, request_id});
+    }
+    WorkerCoordinator& w = impl();
+    py::gil_scoped_release release;
+    w.start_save_caches(meta);
+  }
+
+  // Returns None, or the reason the output could not be staged.
+  std::optional<std::string> save_cache(const std::string& mm_hash, std::uintptr_t data_ptr, std::uint64_t nbytes,
+                                        bool cuda) {
+    if (data_ptr == 0 && nbytes > 0) throw py::value_error("save_cache: null data pointer");
+    WorkerCoordinator& w = impl();
+    Status s;
+    {
+      py::gil_scoped_release release;  // synchronous copy into the staging pool
+      s = w.save_cache(mm_hash, reinterpret_cast<const void*>(data_ptr), nbytes,
+                       cuda ? producer::SourceMemory::cuda : producer::SourceMemory::host);
+    }
+    if (s) return std::nullopt;
+    return s.to_string();
+  }
+
+  void get_finished(const std::vector<std::string>& ids) {
+    WorkerCoordinator& w = impl();
+    py::gil_scoped_release release;
+    w.get_finished(ids);
+  }
+
+  std::optional<MetaTuple> build_worker_meta() {
+    WorkerCoordinator& w = impl();
+    std::optional<WorkerMeta> m;
+    {
+      py::gil_scoped_release release;
+      m = w.build_worker_meta();
+    }
+    if (!m) return std::nullopt;
+    return meta_to_tuple(*m);
+  }
+
+  py::dict counters() {
+    py::dict d;
+    WorkerCoordinator& w = impl();
+    if (auto* shard = w.shard()) {
+      const auto c = shard->counters().reservations;
+      d["pool_capacity"] = c.pool_capacity;
+      d["pool_used_bytes"] = c.pool_used_bytes;
+      d["resident_bytes"] = c.resident_bytes;
+      d["live_records"] = c.live_records;
+      d["leases"] = c.leases;
+      d["landings_ready"] = c.landings_ready;
+      d["taken"] = c.taken;
+      d["checksum_mismatches"] = c.checksum_mismatches;
+      d["invalid_transitions"] = c.invalid_transitions;
+      const Status inv = shard->check_invariants();
+      d["invariants"] = inv ? std::string() : inv.message();
+    }
+    if (auto* engine = w.push_engine()) {
+      const auto c = engine->counters();
+      d["pushes_submitted"] = c.submitted;
+      d["sources_bound"] = c.sources_bound;
+      d["sources_unused"] = c.sources_unused;
+      d["staging_failures"] = c.staging_failures;
+      d["bytes_staged"] = c.bytes_staged;
+      d["staging_used_bytes"] = c.staging_used_bytes;
+      d["pushes_pending"] = engine->pending();
+    }
+    return d;
+  }
+
+  std::optional<std::string> control_endpoint() {
+    auto* shard = impl().shard();
+    if (!shard) return std::nullopt;
+    return shard->control_endpoint();
+  }
+
+  bool reports() { return impl().reports(); }
+  bool is_shut_down() const noexcept { return impl_ == nullptr; }
+
+  void shutdown() {
+    if (!impl_) return;
+    py::gil_scoped_release release;  // drains writers, joins threads
+    impl_->shutdown();
+    impl_.reset();
+  }
+
+ private:
+  std::uint64_t max_tensor_bytes_;
+  std::unique_ptr<WorkerCoordinator> impl_;
+};
+
+}  // namespace
+
+void register_worker(py::module_& m) {
+  py::class_<PyWorker>(m, "WorkerCoordinator", "The connector's worker-side logic for one TP/PP rank.")
+      .def(py::init<const Config&>(), py::arg("config"),
+           "Starts the consumer shard (consumer, first PP stage) and/or the push engine (producer).")
+      .def("start_load_caches", &PyWorker::start_load_caches, py::arg("loads"), py::arg("present"), py::arg("allocate"),
+           "loads: [(mm_hash, transfer_id, shape, dtype, local)]; present: hashes already in the encoder cache; "
+           "allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device). Returns (loaded, failed).")
+      .def("start_save_caches", &PyWorker::start_save_caches, py::arg("pushes"),
+           "pushes: [(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)].")
+      .def("save_cache", &PyWorker::save_cache, py::arg("mm_hash"), py::arg("data_ptr"), py::arg("nbytes"),
+           py::arg("cuda") = false,
+           "Copies the encoder output into the staging pool now (the caller may free it after the call). Returns "
+           "None, or why it could not be staged.")
+      .def("get_finished", &PyWorker::get_finished, py::arg("finished_request_ids"))
+      .def("build_worker_meta", &PyWorker::build_worker_meta,
+           "(loaded, failed_loads, reclaimed, pending_saves, failed_saves), or None on ranks that do not report.")
+      .def("counters", &PyWorker::counters)
+      .def_property_readonly("control_endpoint", &PyWorker::control_endpoint)
+      .def_property_readonly("reports", &PyWorker::reports)
+      .def_property_readonly("closed", &PyWorker::is_shut_down)
+      .def("shutdown", &PyWorker::shutdown, "Stops threads, drains writers, frees registrations. Idempotent.");
+
+  m.def(
+      "aggregate_worker_meta",
+      [](const MetaTuple& a, const MetaTuple& b) {
+        return meta_to_tuple(meta_from_tuple(a).aggregate(meta_from_tuple(b)));
+      },
+      py::arg("a"), py::arg("b"), "The C++ rule for folding two ranks' reports (reference for the Python class).");
+}
+
+}  // namespace ecx::python
