@@ -391,7 +391,10 @@ Status unknown_key(std::string_view section, std::string_view key) {
 }
 
 Status apply_object(const json& object, std::string_view section, Config& config) {
-  for (const auto& [key, value] : object.items()) {
+  for (const auto& entry : object.items()) {
+    // Plain names, not a structured binding: clang 14 (the fuzz build) cannot capture those.
+    const std::string& key = entry.key();
+    const json& value = entry.value();
     const auto& table = key_table();
     const auto it = std::find_if(table.begin(), table.end(),
                                  [&](const KeySpec& s) { return s.info.section == section && s.info.name == key; });
