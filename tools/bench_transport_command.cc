@@ -227,7 +227,9 @@ double percentile(std::vector<double> values, double rank) {
 int run_consumer(const BenchOptions& options) {
   const std::uint64_t slot = options.consumer_slot_bytes;
   const std::uint64_t alignment = 4096;
-  const std::uint64_t pool_bytes = (slot + alignment) * (options.window + 2);
+  // Eagerly sent payloads complete at the producer before they land, so more than
+  // `window` of them can wait here: keep room for many small ones.
+  const std::uint64_t pool_bytes = std::max<std::uint64_t>((slot + alignment) * (options.window + 2), 256ULL << 20);
   auto slab = pool::Slab::allocate(pool::MemoryKind::host, pool_bytes, pool::SlabOptions{.prefault = true});
   if (!slab) {
     std::cerr << "consumer: " << slab.status().to_string() << "\n";
@@ -243,8 +245,14 @@ int run_consumer(const BenchOptions& options) {
     if (!reserved) return reserved.status();
     return transport::Landing{slab->at(*reserved), bytes, reserved->offset};
   };
+  std::mutex mutex;
+  std::condition_variable landed;
+  std::uint64_t outcomes = 0;
   ucx.on_landing = [&](std::span<const std::byte>, const transport::Landing& landing, Status) {
     (void)allocator.free(pool::Slot{landing.token, (landing.length + alignment - 1) / alignment * alignment});
+    std::lock_guard lock(mutex);
+    ++outcomes;
+    landed.notify_all();
   };
   auto created = transport::create_ucx_transport(ucx);
   if (!created) {
@@ -259,8 +267,18 @@ int run_consumer(const BenchOptions& options) {
     return 1;
   }
   std::cout << "address " << *address << std::endl;
+  // "quit N": N payloads were sent; wait (bounded) until they all had their outcome.
   std::string line;
-  while (std::getline(std::cin, line) && line != "quit") {
+  std::uint64_t expected = 0;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string word;
+    in >> word >> expected;
+    if (word == "quit") break;
+  }
+  {
+    std::unique_lock lock(mutex);
+    landed.wait_for(lock, 30s, [&] { return outcomes + transport->stats().landings_rejected >= expected; });
   }
   const auto stats = transport->stats();
   std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << std::endl;
@@ -330,11 +348,18 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
     return first_error;
   };
 
-  ECX_RETURN_IF_ERROR(run_batch(std::max<std::uint64_t>(window * 2, count / 10), false));  // warm-up
+  const std::uint64_t warmup = std::max<std::uint64_t>(window * 2, count / 10);
+  ECX_RETURN_IF_ERROR(run_batch(warmup, false));
   const auto begin = Clock::now();
   ECX_RETURN_IF_ERROR(run_batch(count, true));
   const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-  consumer.write_line("quit");
+  // A payload the consumer could not place would still count as sent here: check.
+  consumer.write_line(fmt::format("quit {}", warmup + count));
+  const auto landed = consumer.read_line(30s);
+  const std::string expected = fmt::format("landed {} failed 0", warmup + count);
+  if (landed.value_or("") != expected) {
+    return internal_error(fmt::format("consumer reported '{}', expected '{}'", landed.value_or("nothing"), expected));
+  }
   Series series;
   series.name = "ecx";
   series.transport = options.transport;
@@ -472,10 +497,11 @@ Status write_plot(const std::string& png, const std::vector<Series>& all) {
   }
   {
     std::ofstream script(dir / "plot.gp");
-    script << "set terminal pngcairo size 1000,600\n"
+    script << "set terminal pngcairo size 1000,600 noenhanced\n"
            << "set output '" << png << "'\n"
            << "set title 'ecx bench transport (" << (all.empty() ? "" : all.front().transport) << ")'\n"
-           << "set logscale x 2\nset xlabel 'message size (bytes)'\nset ylabel 'GB/s (10^9 bytes/s)'\n"
+           << "set logscale x 2\nset format x '%.0b %BB'\nset xlabel 'message size'\n"
+           << "set ylabel 'GB/s (10^9 bytes/s)'\nset yrange [0:*]\n"
            << "set key top left\nset grid\nplot " << plot_lines << "\n";
   }
   const std::string command = fmt::format("gnuplot '{}'", (dir / "plot.gp").string());
@@ -518,9 +544,15 @@ int run_bench(const BenchOptions& options) {
     sizes.push_back(*size);
   }
 
-  std::cout << fmt::format("ecx bench transport: {} (UCX_TLS={}), mode {}, window {}, median of {} runs, UCX {}\n",
-                           options.transport, ucx_tls(options.transport), options.mode, options.window, options.repeat,
-                           transport::ucx_library_version());
+  // Both sides busy-poll in ucx_perftest; on a loaded machine that costs it more than
+  // ECX's sleeping progress thread, so the load is part of the result.
+  std::string load = "?";
+  if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
+  std::cout << fmt::format(
+      "ecx bench transport: {} (UCX_TLS={}), mode {}, window {}, median of {} runs, UCX {}, load average {} on {} "
+      "CPUs\n",
+      options.transport, ucx_tls(options.transport), options.mode, options.window, options.repeat,
+      transport::ucx_library_version(), load, std::thread::hardware_concurrency());
   std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
                            "ratio");
   std::vector<Series> all;
