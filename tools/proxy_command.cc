@@ -165,6 +165,7 @@ void add_bench_proxy_command(CLI::App& app, Runner& run) {
   auto flags = std::make_shared<BenchFlags>();
   cmd->add_option("--concurrency", flags->options.concurrency, "requests in flight")->capture_default_str();
   cmd->add_option("--requests", flags->options.requests, "requests per series")->capture_default_str();
+  cmd->add_option("--rounds", flags->options.rounds, "rounds in which the series take turns")->capture_default_str();
   cmd->add_option("--warmup", flags->options.warmup, "warm-up requests per series")->capture_default_str();
   cmd->add_option("--chunks", flags->options.chunks, "SSE events per streamed answer")->capture_default_str();
   cmd->add_option("--token-interval-us", flags->options.token_interval_us,

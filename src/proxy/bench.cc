@@ -130,37 +130,36 @@ double percentile(std::vector<double> values, double q) {
   return values[std::min(index, values.size() - 1)];
 }
 
-ProxyBenchSeries run_series(LoopThread& load, http::Client& client, const std::string& name, const UpstreamUrl& url,
-                            const std::string& body, const ProxyBenchOptions& options) {
-  const auto run = [&](int total) {
-    auto state = on_loop(load.io(), [&] {
-      auto s = std::make_shared<LoadState>(load.io());
-      s->total = total;
-      s->latencies_us.reserve(static_cast<std::size_t>(total));
-      return s;
-    });
-    std::promise<void> finished;
-    const auto start = Steady::now();
-    net::post(load.io(), [&] {
-      state->wait.add(static_cast<std::size_t>(options.concurrency));
-      for (int i = 0; i < options.concurrency; ++i)
-        http::spawn(load.io(), worker(client, url, body, state), "bench worker");
-      http::spawn(load.io(), signal_when_done(state, &finished), "bench waiter");
-    });
-    finished.get_future().wait();
-    const double seconds = std::chrono::duration<double>(Steady::now() - start).count();
-    return std::pair{state, seconds};
-  };
-  (void)run(options.warmup);
-  auto [state, seconds] = run(options.requests);
-  ProxyBenchSeries series;
-  series.series = name;
-  series.requests = state->latencies_us.size();
-  series.errors = state->errors;
-  series.p50_us = percentile(state->latencies_us, 0.50);
-  series.p99_us = percentile(state->latencies_us, 0.99);
-  series.per_s = seconds > 0 ? static_cast<double>(series.requests) / seconds : 0;
-  return series;
+// Measurements of one series, accumulated over rounds.
+struct SeriesSamples {
+  std::string name;
+  UpstreamUrl url;
+  std::string body;
+  std::vector<double> latencies_us;
+  std::size_t errors = 0;
+  double seconds = 0;
+};
+
+// One batch of `total` requests with `concurrency` clients in flight.
+std::pair<std::shared_ptr<LoadState>, double> run_batch(LoopThread& load, http::Client& client,
+                                                        const SeriesSamples& series, int total, int concurrency) {
+  auto state = on_loop(load.io(), [&] {
+    auto s = std::make_shared<LoadState>(load.io());
+    s->total = total;
+    s->latencies_us.reserve(static_cast<std::size_t>(total));
+    return s;
+  });
+  std::promise<void> finished;
+  const auto start = Steady::now();
+  net::post(load.io(), [&] {
+    state->wait.add(static_cast<std::size_t>(concurrency));
+    for (int i = 0; i < concurrency; ++i) {
+      http::spawn(load.io(), worker(client, series.url, series.body, state), "bench worker");
+    }
+    http::spawn(load.io(), signal_when_done(state, &finished), "bench waiter");
+  });
+  finished.get_future().wait();
+  return {state, std::chrono::duration<double>(Steady::now() - start).count()};
 }
 
 }  // namespace
@@ -212,10 +211,35 @@ Result<std::vector<ProxyBenchSeries>> run_proxy_bench(const ProxyBenchOptions& o
       json::array({{{"type", "text"}, {"text", "Describe the image."}},
                    {{"type", "image_url"}, {"image_url", {{"url", "https://example.invalid/bench.png"}}}}});
 
+  std::vector<SeriesSamples> samples = {
+      {"direct", decode_url, text.dump(), {}, 0, 0},
+      {"proxy", proxy_url, text.dump(), {}, 0, 0},
+      {"proxy_image", proxy_url, image.dump(), {}, 0, 0},
+  };
+  for (auto& series : samples) (void)run_batch(load, *client, series, options.warmup, options.concurrency);
+  // The series take turns, round after round, so a noisy neighbour on the machine
+  // weighs on all of them alike.
+  const int rounds = std::max(1, options.rounds);
+  for (int round = 0; round < rounds; ++round) {
+    const int share = options.requests / rounds + (round < options.requests % rounds ? 1 : 0);
+    for (auto& series : samples) {
+      auto [state, seconds] = run_batch(load, *client, series, share, options.concurrency);
+      series.latencies_us.insert(series.latencies_us.end(), state->latencies_us.begin(), state->latencies_us.end());
+      series.errors += state->errors;
+      series.seconds += seconds;
+    }
+  }
   std::vector<ProxyBenchSeries> results;
-  results.push_back(run_series(load, *client, "direct", decode_url, text.dump(), options));
-  results.push_back(run_series(load, *client, "proxy", proxy_url, text.dump(), options));
-  results.push_back(run_series(load, *client, "proxy_image", proxy_url, image.dump(), options));
+  for (const auto& series : samples) {
+    ProxyBenchSeries out;
+    out.series = series.name;
+    out.requests = series.latencies_us.size();
+    out.errors = series.errors;
+    out.p50_us = percentile(series.latencies_us, 0.50);
+    out.p99_us = percentile(series.latencies_us, 0.99);
+    out.per_s = series.seconds > 0 ? static_cast<double>(out.requests) / series.seconds : 0;
+    results.push_back(out);
+  }
 
   on_loop(load.io(), [&] {
     client.reset();

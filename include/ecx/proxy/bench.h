@@ -16,6 +16,7 @@ struct ProxyBenchOptions {
   int concurrency = 64;
   int requests = 4000;  // per series, after warm-up
   int warmup = 256;
+  int rounds = 4;  // the series alternate in this many rounds
   int chunks = 8;  // SSE events per streamed answer
   // The fake decode's pause between two events (an engine's token pace). 0 makes the
   // run CPU-bound, which measures throughput rather than per-request overhead.
