@@ -17,8 +17,8 @@ using HookPtr = ListHook TransferRecord::*;
 // Which ordering list a record sits in (TransferRecord::order_list_).
 enum OrderList : unsigned char { kNoList = 0, kWaiting, kAvailable, kLoading, kResident, kTombstones };
 
-std::shared_ptr<spdlog::logger> logger() {
-  static auto instance = ecx::log::get("scheduler");
+const std::shared_ptr<spdlog::logger>& logger() {
+  static const auto instance = ecx::log::get("scheduler");
   return instance;
 }
 
@@ -101,8 +101,13 @@ bool transition_allowed(TransferState from, TransferState to) noexcept {
   return false;
 }
 
-bool TransferTable::HashIndex::empty() const noexcept {
-  return std::all_of(by_state.begin(), by_state.end(), [](const RecordList& l) { return l.size == 0; });
+void TransferTable::HashIndex::set_key(std::string_view key) {
+  key_size = static_cast<std::uint32_t>(key.size());
+  if (key.size() <= kInlineKey) {
+    std::copy(key.begin(), key.end(), inline_key.begin());
+  } else {
+    long_key.assign(key);
+  }
 }
 
 TransferTable::TransferTable(TableLimits limits) : limits_(limits) {
@@ -133,45 +138,93 @@ const RecordList* TransferTable::order_list(unsigned char which) const {
 }
 
 const TransferRecord* TransferTable::find(std::string_view transfer_id) const {
-  auto it = records_.find(transfer_id);
-  return it == records_.end() ? nullptr : &it->second;
+  return const_cast<TransferTable*>(this)->find_mutable(transfer_id);
 }
 
 TransferRecord* TransferTable::find_mutable(std::string_view transfer_id) {
-  auto it = records_.find(transfer_id);
-  return it == records_.end() ? nullptr : &it->second;
+  return find_mutable(transfer_id, detail::key_hash(transfer_id));
+}
+
+TransferRecord* TransferTable::find_mutable(std::string_view transfer_id, std::uint64_t hash) {
+  const std::uint32_t id = by_id_.find(hash, [&](std::uint32_t candidate) {
+    const TransferRecord& r = records_[candidate];
+    return r.id_hash_ == hash && r.transfer_id_ == transfer_id;
+  });
+  return id == detail::kNoId ? nullptr : &records_[id];
+}
+
+std::uint32_t TransferTable::find_hash_id(std::string_view mm_hash, std::uint64_t hash) const {
+  return by_hash_.find(hash, [&](std::uint32_t candidate) {
+    const HashIndex& entry = hash_entries_[candidate];
+    return entry.hash == hash && entry.key() == mm_hash;
+  });
+}
+
+const TransferTable::HashIndex* TransferTable::find_hash(std::string_view mm_hash) const {
+  const std::uint32_t id = find_hash_id(mm_hash, detail::key_hash(mm_hash));
+  return id == detail::kNoId ? nullptr : &hash_entries_[id];
 }
 
 bool TransferTable::has_state(std::string_view mm_hash, StateMask states) const {
-  auto it = by_hash_.find(mm_hash);
-  if (it == by_hash_.end()) return false;
+  const HashIndex* entry = find_hash(mm_hash);
+  if (entry == nullptr) return false;
   for (std::size_t s = 0; s < kLiveStateCount; ++s) {
-    if (it->second.by_state[s].size != 0 && states.contains(static_cast<TransferState>(s))) return true;
+    if ((entry->live_states >> s & 1u) != 0 && states.contains(static_cast<TransferState>(s))) return true;
   }
   return false;
 }
 
-TransferRecord& TransferTable::create(std::string_view transfer_id, std::string_view request_id,
+TransferRecord& TransferTable::create(std::string_view transfer_id, std::uint64_t id_hash, std::string_view request_id,
                                       std::string_view mm_hash) {
-  auto [it, inserted] = records_.try_emplace(std::string(transfer_id));
-  TransferRecord& r = it->second;
-  r.transfer_id_ = it->first;
-  r.request_id_ = std::string(request_id);
-  r.mm_hash_ = std::string(mm_hash);
+  const std::uint32_t id = records_.acquire();
+  TransferRecord& r = records_[id];
+  // A reused record keeps its strings' and vectors' capacity (release reset the rest).
+  r.pool_id_ = id;
+  r.in_use_ = true;
+  r.id_hash_ = id_hash;
+  r.transfer_id_.assign(transfer_id);
+  r.request_id_.assign(request_id);
+  r.mm_hash_.assign(mm_hash);
+  r.mm_hash_hash_ = mm_hash.empty() ? 0 : detail::key_hash(mm_hash);
   r.state_ = TransferState::waiting_event;
   r.sequence_ = next_sequence_++;
+  by_id_.insert(id_hash, id);
   return r;
+}
+
+void TransferTable::attach_hash(TransferRecord& r) {
+  if (r.hash_entry_ != detail::kNoId) return;
+  r.hash_entry_ = find_hash_id(r.mm_hash_, r.mm_hash_hash_);
+  if (r.hash_entry_ != detail::kNoId) return;
+  const std::uint32_t id = hash_entries_.acquire();
+  HashIndex& entry = hash_entries_[id];
+  entry.hash = r.mm_hash_hash_;
+  entry.set_key(r.mm_hash_);
+  entry.live_states = 0;
+  entry.in_use = true;
+  by_hash_.insert(entry.hash, id);
+  r.hash_entry_ = id;
+}
+
+void TransferTable::detach_hash(TransferRecord& r) {
+  if (r.hash_entry_ == detail::kNoId) return;
+  HashIndex& entry = hash_entries_[r.hash_entry_];
+  if (entry.live_states == 0) {
+    by_hash_.erase(entry.hash, r.hash_entry_);
+    entry.in_use = false;
+    hash_entries_.release(r.hash_entry_);
+  }
+  r.hash_entry_ = detail::kNoId;
 }
 
 void TransferTable::leave_state(TransferRecord& r) {
   if (RecordList* list = order_list(r.order_list_)) ListOps::unlink(*list, r, &TransferRecord::order_hook_);
   r.order_list_ = kNoList;
-  if (!is_terminal(r.state_) && !r.mm_hash_.empty()) {
-    auto it = by_hash_.find(r.mm_hash_);
-    if (it != by_hash_.end()) {
-      ListOps::unlink(it->second.by_state[idx(r.state_)], r, &TransferRecord::hash_hook_);
-      if (it->second.empty()) by_hash_.erase(it);
-    }
+  if (r.hash_entry_ != detail::kNoId) {
+    HashIndex& entry = hash_entries_[r.hash_entry_];
+    RecordList& list = entry.by_state[idx(r.state_)];
+    ListOps::unlink(list, r, &TransferRecord::hash_hook_);
+    if (list.size == 0) entry.live_states = static_cast<std::uint8_t>(entry.live_states & ~(1u << idx(r.state_)));
   }
   if (r.state_ == TransferState::resident && r.spec_) resident_bytes_ -= r.spec_->spec.nbytes();
 }
@@ -189,7 +242,12 @@ void TransferTable::enter_state(TransferRecord& r, TimePoint now) {
     r.order_list_ = which;
   };
   if (!is_terminal(r.state_) && !r.mm_hash_.empty()) {
-    ListOps::push_back(by_hash_[r.mm_hash_].by_state[idx(r.state_)], r, &TransferRecord::hash_hook_);
+    attach_hash(r);
+    HashIndex& entry = hash_entries_[r.hash_entry_];
+    ListOps::push_back(entry.by_state[idx(r.state_)], r, &TransferRecord::hash_hook_);
+    entry.live_states = static_cast<std::uint8_t>(entry.live_states | 1u << idx(r.state_));
+  } else {
+    detach_hash(r);  // terminal: its hash forgets it
   }
   switch (r.state_) {
     case S::waiting_event:
@@ -267,15 +325,28 @@ void TransferTable::notify_waiters(TransferRecord& r) {
 
 void TransferTable::erase_record(TransferRecord& r) {
   leave_state(r);
-  records_.erase(r.transfer_id_);
+  detach_hash(r);
+  by_id_.erase(r.id_hash_, r.pool_id_);
+  // Back to the pool: what a later record would not overwrite is reset here;
+  // the strings and vectors keep their capacity for it.
+  r.in_use_ = false;
+  r.spec_.reset();
+  r.deadline_.reset();
+  r.waiters_.clear();
+  r.notified_.clear();
+  r.load_owner_.clear();
+  r.invented_name_ = false;
+  r.queued_for_dispatch_ = false;
+  records_.release(r.pool_id_);
 }
 
 const TransferRecord* TransferTable::wait_for_event(std::string_view transfer_id, std::string_view request_id,
                                                     std::string_view mm_hash, TimePoint now, TimePoint deadline,
                                                     bool invented_name) {
-  TransferRecord* r = find_mutable(transfer_id);
+  const std::uint64_t id_hash = detail::key_hash(transfer_id);
+  TransferRecord* r = find_mutable(transfer_id, id_hash);
   if (r == nullptr) {
-    r = &create(transfer_id, request_id, mm_hash);
+    r = &create(transfer_id, id_hash, request_id, mm_hash);
     r->deadline_ = deadline;
     r->invented_name_ = invented_name;
     r->waiters_.emplace_back(request_id);
@@ -303,9 +374,10 @@ const TransferRecord* TransferTable::wait_for_event(std::string_view transfer_id
 }
 
 bool TransferTable::observe_ready(LoadSpec spec, TimePoint now) {
-  TransferRecord* r = find_mutable(spec.transfer_id);
+  const std::uint64_t id_hash = detail::key_hash(spec.transfer_id);
+  TransferRecord* r = find_mutable(spec.transfer_id, id_hash);
   if (r == nullptr) {
-    r = &create(spec.transfer_id, {}, spec.mm_hash);
+    r = &create(spec.transfer_id, id_hash, {}, spec.mm_hash);
     enter_state(*r, now);
   }
   if (r->state_ != TransferState::waiting_event || r->mm_hash_ != spec.mm_hash) {
@@ -324,9 +396,10 @@ bool TransferTable::observe_ready(LoadSpec spec, TimePoint now) {
 }
 
 bool TransferTable::observe_abandoned(std::string_view transfer_id, std::string_view mm_hash, TimePoint now) {
-  TransferRecord* r = find_mutable(transfer_id);
+  const std::uint64_t id_hash = detail::key_hash(transfer_id);
+  TransferRecord* r = find_mutable(transfer_id, id_hash);
   if (r == nullptr) {
-    r = &create(transfer_id, {}, mm_hash);
+    r = &create(transfer_id, id_hash, {}, mm_hash);
     enter_state(*r, now);
   }
   if (r->state_ != TransferState::waiting_event) return false;
@@ -353,10 +426,10 @@ const TransferRecord* TransferTable::begin_load(std::string_view mm_hash, std::o
     if (r && r->state_ == TransferState::available && r->mm_hash_ == mm_hash && r->spec_) chosen = r;
   }
   if (chosen == nullptr) {
-    auto it = by_hash_.find(mm_hash);
-    if (it == by_hash_.end()) return nullptr;
-    TransferRecord* available = it->second.by_state[idx(TransferState::available)].head;
-    TransferRecord* resident = it->second.by_state[idx(TransferState::resident)].head;
+    const HashIndex* entry = find_hash(mm_hash);
+    if (entry == nullptr) return nullptr;
+    TransferRecord* available = entry->by_state[idx(TransferState::available)].head;
+    TransferRecord* resident = entry->by_state[idx(TransferState::resident)].head;
     if (available && resident)
       chosen = available->sequence_ < resident->sequence_ ? available : resident;
     else
@@ -367,16 +440,18 @@ const TransferRecord* TransferTable::begin_load(std::string_view mm_hash, std::o
   chosen->load_owner_ = std::string(request_id);
   if (!transition(*chosen, TransferState::loading, now)) return nullptr;
   chosen->queued_for_dispatch_ = true;
-  dispatch_queue_.push_back(chosen->transfer_id_);
+  dispatch_queue_.push_back(QueuedLoad{chosen, chosen->sequence_});
   return chosen;
 }
 
 std::vector<LoadSpec> TransferTable::take_loads_to_dispatch() {
   std::vector<LoadSpec> loads;
   loads.reserve(dispatch_queue_.size());
-  for (const auto& id : dispatch_queue_) {
-    TransferRecord* r = find_mutable(id);
-    if (r == nullptr || !r->queued_for_dispatch_) continue;
+  for (const QueuedLoad& queued : dispatch_queue_) {
+    // Records live in a pool: one erased since it was queued may hold another
+    // transfer now, which its sequence number tells.
+    TransferRecord* r = queued.record;
+    if (!r->in_use_ || r->sequence_ != queued.sequence || !r->queued_for_dispatch_) continue;
     r->queued_for_dispatch_ = false;
     if (r->state_ == TransferState::loading && r->spec_) loads.push_back(*r->spec_);
   }
@@ -385,19 +460,19 @@ std::vector<LoadSpec> TransferTable::take_loads_to_dispatch() {
 }
 
 bool TransferTable::complete_load(std::string_view mm_hash) {
-  auto it = by_hash_.find(mm_hash);
-  if (it == by_hash_.end()) return false;
-  if (TransferRecord* r = it->second.by_state[idx(TransferState::loading)].head) {
+  const HashIndex* entry = find_hash(mm_hash);
+  if (entry == nullptr) return false;
+  if (TransferRecord* r = entry->by_state[idx(TransferState::loading)].head) {
     r->load_owner_.clear();
     return transition(*r, TransferState::ready, TimePoint{});
   }
-  return it->second.by_state[idx(TransferState::ready)].size != 0;
+  return entry->by_state[idx(TransferState::ready)].size != 0;
 }
 
 bool TransferTable::fail_load(std::string_view mm_hash, TimePoint now) {
-  auto it = by_hash_.find(mm_hash);
-  if (it == by_hash_.end()) return false;
-  TransferRecord* r = it->second.by_state[idx(TransferState::loading)].head;
+  const HashIndex* entry = find_hash(mm_hash);
+  if (entry == nullptr) return false;
+  TransferRecord* r = entry->by_state[idx(TransferState::loading)].head;
   if (r == nullptr) return false;
   r->load_owner_.clear();
   return transition(*r, TransferState::failed, now);
@@ -408,18 +483,17 @@ void TransferTable::expire_as_orphan(TransferRecord& r, TimePoint now) {
 }
 
 void TransferTable::release_ready(std::string_view mm_hash, TimePoint now) {
-  auto it = by_hash_.find(mm_hash);
-  if (it != by_hash_.end()) {
+  if (const HashIndex* entry = find_hash(mm_hash)) {
     std::vector<TransferRecord*> ready;
     std::vector<TransferRecord*> resident;
-    for (auto* r = it->second.by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) ready.push_back(r);
+    for (auto* r = entry->by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) ready.push_back(r);
     if (!ready.empty()) {
-      for (auto* r = it->second.by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
+      for (auto* r = entry->by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
         resident.push_back(r);
       }
       TransferRecord* canonical = ready.back();  // the newest to become ready
       ready.pop_back();
-      // `it` may be invalidated below (the hash entry goes when its lists empty).
+      // `entry` may be released below (the hash entry goes when its lists empty).
       for (auto* r : ready) expire_as_orphan(*r, now);
       for (auto* r : resident) expire_as_orphan(*r, now);
       if (canonical->spec_) {
@@ -441,11 +515,11 @@ void TransferTable::evict_residents(TimePoint now) {
 }
 
 void TransferTable::reclaim(std::string_view mm_hash, TimePoint now) {
-  auto it = by_hash_.find(mm_hash);
-  if (it == by_hash_.end()) return;
-  for (auto* r = it->second.by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) r->spec_.reset();
+  const HashIndex* entry = find_hash(mm_hash);
+  if (entry == nullptr) return;
+  for (auto* r = entry->by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) r->spec_.reset();
   std::vector<TransferRecord*> resident;
-  for (auto* r = it->second.by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
+  for (auto* r = entry->by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
     resident.push_back(r);
   }
   for (auto* r : resident) expire_as_orphan(*r, now);
@@ -463,10 +537,11 @@ bool TransferTable::mark_unavailable(std::string_view transfer_id, TimePoint now
 bool TransferTable::cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash,
                            std::string_view request_id) {
   using S = TransferState;
-  TransferRecord* r = find_mutable(transfer_id);
+  const std::uint64_t id_hash = detail::key_hash(transfer_id);
+  TransferRecord* r = find_mutable(transfer_id, id_hash);
   if (r == nullptr) {
     // A tombstone against a readiness event that may still be on its way.
-    r = &create(transfer_id, request_id, mm_hash);
+    r = &create(transfer_id, id_hash, request_id, mm_hash);
     enter_state(*r, now);
     return transition(*r, S::cancelled, now);
   }
@@ -547,8 +622,12 @@ Status TransferTable::check_invariants() const {
   std::uint64_t bytes = 0;
   std::size_t terminal = 0;
   std::array<std::size_t, kLiveStateCount> live_in_state{};
-  for (const auto& [id, r] : records_) {
-    if (id != r.transfer_id_) return fail("record key differs from its transfer_id " + id);
+  std::size_t in_use = 0;
+  auto check_record = [&](const TransferRecord& r) -> Status {
+    const std::string& id = r.transfer_id_;
+    if (r.id_hash_ != detail::key_hash(id)) return fail("stale id hash for " + id);
+    if (find(id) != &r) return fail("the id index does not lead to " + id);
+    if (&records_[r.pool_id_] != &r) return fail("wrong pool id for " + id);
     if (r.order_list_ > kTombstones) return fail("bad order list for " + id);
     ++claimed[r.order_list_];
     const bool term = is_terminal(r.state_);
@@ -586,14 +665,30 @@ Status TransferTable::check_invariants() const {
         break;
     }
     if (r.state_ != TransferState::waiting_event && !r.waiters_.empty()) return fail("waiters outside waiting: " + id);
-    if (!term && !r.mm_hash_.empty()) {
+    const bool indexed_by_hash = !term && !r.mm_hash_.empty();
+    if (indexed_by_hash != (r.hash_entry_ != detail::kNoId)) return fail("hash entry link wrong for " + id);
+    if (indexed_by_hash) {
       ++live_in_state[idx(r.state_)];
-      auto it = by_hash_.find(r.mm_hash_);
-      if (it == by_hash_.end()) return fail("live record missing from its hash index: " + id);
+      if (r.mm_hash_hash_ != detail::key_hash(r.mm_hash_)) return fail("stale mm_hash hash for " + id);
+      const HashIndex* entry = find_hash(r.mm_hash_);
+      if (entry == nullptr) return fail("live record missing from its hash index: " + id);
+      if (entry != &hash_entries_[r.hash_entry_]) return fail("record linked to another hash entry: " + id);
       bool found = false;
-      for (auto* p = it->second.by_state[idx(r.state_)].head; p; p = p->hash_hook_.next) found |= (p == &r);
+      for (auto* p = entry->by_state[idx(r.state_)].head; p; p = p->hash_hook_.next) found |= (p == &r);
       if (!found) return fail("record not in its hash's state list: " + id);
     }
+    return Status::ok();
+  };
+  Status status = Status::ok();
+  records_.for_each([&](const TransferRecord& r) {
+    if (!status.is_ok() || !r.in_use_) return;
+    ++in_use;
+    status = check_record(r);
+  });
+  ECX_RETURN_IF_ERROR(status);
+  if (in_use != by_id_.size() || in_use != records_.in_use()) {
+    return fail(fmt::format("{} records in use, the id index holds {}, the pool counts {}", in_use, by_id_.size(),
+                            records_.in_use()));
   }
   for (unsigned char which = kWaiting; which <= kTombstones; ++which) {
     const RecordList* list = order_list(which);
@@ -614,17 +709,43 @@ Status TransferTable::check_invariants() const {
     }
   }
   std::array<std::size_t, kLiveStateCount> indexed{};
-  for (const auto& [hash, index] : by_hash_) {
-    if (index.empty()) return fail("empty hash index kept for " + hash);
+  std::size_t entries_in_use = 0;
+  hash_entries_.for_each([&](const HashIndex& entry) {
+    if (!status.is_ok() || !entry.in_use) return;
+    ++entries_in_use;
+    const std::string hash(entry.key());
+    if (entry.live_states == 0) {
+      status = fail("empty hash index kept for " + hash);
+      return;
+    }
+    if (entry.hash != detail::key_hash(hash) || find_hash(hash) != &entry) {
+      status = fail("the hash index does not lead to the entry of " + hash);
+      return;
+    }
     for (std::size_t s = 0; s < kLiveStateCount; ++s) {
       std::size_t n = 0;
-      for (auto* p = index.by_state[s].head; p; p = p->hash_hook_.next) {
-        if (p->mm_hash_ != hash || idx(p->state_) != s) return fail("hash index disagrees with " + p->transfer_id_);
+      for (auto* p = entry.by_state[s].head; p; p = p->hash_hook_.next) {
+        if (p->mm_hash_ != hash || idx(p->state_) != s) {
+          status = fail("hash index disagrees with " + p->transfer_id_);
+          return;
+        }
         ++n;
       }
-      if (n != index.by_state[s].size) return fail("hash index size mismatch for " + hash);
+      if (n != entry.by_state[s].size) {
+        status = fail("hash index size mismatch for " + hash);
+        return;
+      }
+      if ((n != 0) != ((entry.live_states >> s & 1u) != 0)) {
+        status = fail("hash index state bits disagree with its lists for " + hash);
+        return;
+      }
       indexed[s] += n;
     }
+  });
+  ECX_RETURN_IF_ERROR(status);
+  if (entries_in_use != by_hash_.size() || entries_in_use != hash_entries_.in_use()) {
+    return fail(fmt::format("{} hash entries in use, the hash index holds {}, the pool counts {}", entries_in_use,
+                            by_hash_.size(), hash_entries_.in_use()));
   }
   if (indexed != live_in_state) return fail("hash index counts differ from live records");
   if (bytes != resident_bytes_)

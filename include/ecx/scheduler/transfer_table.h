@@ -23,12 +23,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "ecx/core/clock.h"
 #include "ecx/core/status.h"
+#include "ecx/scheduler/table_storage.h"
 #include "ecx/scheduler/types.h"
 
 namespace ecx::scheduler {
@@ -102,9 +102,15 @@ class TransferRecord {
 
  private:
   friend class TransferTable;
+  // What a lookup by transfer id reads comes first: the key's hash and the key.
+  std::uint64_t id_hash_ = 0;
   std::string transfer_id_;
   std::string request_id_;
   std::string mm_hash_;
+  std::uint64_t mm_hash_hash_ = 0;
+  std::uint32_t pool_id_ = detail::kNoId;
+  std::uint32_t hash_entry_ = detail::kNoId;  // its hash's index entry while live
+  bool in_use_ = false;                       // false: a free slot of the record pool
   TransferState state_ = TransferState::waiting_event;
   std::optional<LoadSpec> spec_;
   std::optional<TimePoint> deadline_;
@@ -148,8 +154,8 @@ class TransferTable {
   const TransferRecord* find(std::string_view transfer_id) const;
   // Whether any record of `mm_hash` is in one of `states` (live states only). O(1).
   bool has_state(std::string_view mm_hash, StateMask states) const;
-  std::size_t size() const noexcept { return records_.size(); }
-  std::size_t live_count() const noexcept { return records_.size() - tombstones_.size; }
+  std::size_t size() const noexcept { return records_.in_use(); }
+  std::size_t live_count() const noexcept { return records_.in_use() - tombstones_.size; }
   std::size_t tombstone_count() const noexcept { return tombstones_.size; }
   std::size_t resident_count() const noexcept { return resident_.size; }
   std::uint64_t resident_bytes() const noexcept { return resident_bytes_; }
@@ -230,23 +236,43 @@ class TransferTable {
   // Visits every record (any order). O(n): for tests and diagnostics only.
   template <typename F>
   void for_each_record(F&& visit) const {
-    for (const auto& entry : records_) visit(entry.second);
+    records_.for_each([&](const TransferRecord& r) {
+      if (r.in_use_) visit(r);
+    });
   }
 
  private:
-  struct StringHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-  };
-  struct HashIndex {
+  // The live records of one mm_hash, by state. Cache-line aligned with the key
+  // inline in the first line when it fits (a 64-hex-digit digest does), so a
+  // lookup reads the key and the second line in parallel, and no heap line.
+  struct alignas(64) HashIndex {
+    static constexpr std::size_t kInlineKey = 64;
+    std::array<char, kInlineKey> inline_key{};
+    std::uint32_t key_size = 0;
+    std::uint8_t live_states = 0;  // bit s: by_state[s] is not empty (has_state reads only this)
+    bool in_use = false;
+    std::uint64_t hash = 0;
     std::array<detail::RecordList, kLiveStateCount> by_state;  // each in order of entry to the state
-    bool empty() const noexcept;
+    std::string long_key;                                      // a key longer than kInlineKey
+
+    std::string_view key() const noexcept {
+      return key_size <= kInlineKey ? std::string_view(inline_key.data(), key_size) : std::string_view(long_key);
+    }
+    void set_key(std::string_view key);
   };
-  using RecordMap = std::unordered_map<std::string, TransferRecord, StringHash, std::equal_to<>>;
-  using HashMap = std::unordered_map<std::string, HashIndex, StringHash, std::equal_to<>>;
+  struct QueuedLoad {
+    TransferRecord* record;
+    std::uint64_t sequence;  // tells a record reused since it was queued
+  };
 
   TransferRecord* find_mutable(std::string_view transfer_id);
-  TransferRecord& create(std::string_view transfer_id, std::string_view request_id, std::string_view mm_hash);
+  TransferRecord* find_mutable(std::string_view transfer_id, std::uint64_t hash);
+  std::uint32_t find_hash_id(std::string_view mm_hash, std::uint64_t hash) const;
+  const HashIndex* find_hash(std::string_view mm_hash) const;
+  void attach_hash(TransferRecord& record);
+  void detach_hash(TransferRecord& record);
+  TransferRecord& create(std::string_view transfer_id, std::uint64_t id_hash, std::string_view request_id,
+                         std::string_view mm_hash);
   // Validated state change; false (and the record failed) when not allowed.
   bool transition(TransferRecord& record, TransferState to, TimePoint now);
   void leave_state(TransferRecord& record);
@@ -262,8 +288,10 @@ class TransferTable {
 
   TableLimits limits_;
   TableStats stats_;
-  RecordMap records_;
-  HashMap by_hash_;
+  detail::Pool<TransferRecord> records_;
+  detail::FlatIndex by_id_;  // transfer id -> record
+  detail::Pool<HashIndex> hash_entries_;
+  detail::FlatIndex by_hash_;  // mm_hash -> hash entry
   std::uint64_t next_sequence_ = 1;
   // Deadline-ordered lists (new deadlines are almost always the latest, so
   // insertion is O(1)) and the resident LRU.
@@ -273,8 +301,12 @@ class TransferTable {
   detail::RecordList tombstones_;
   detail::RecordList resident_;
   std::uint64_t resident_bytes_ = 0;
-  std::vector<std::string> dispatch_queue_;
+  std::vector<QueuedLoad> dispatch_queue_;
   std::vector<std::string> orphans_;
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return detail::key_hash(s); }
+  };
   std::unordered_set<std::string, StringHash, std::equal_to<>> pending_unavailable_;
 };
 

@@ -341,6 +341,74 @@ TEST_F(TransferTableTest, TombstonesAreDroppedAfterTheirTtlAndBeyondTheirBound) 
   EXPECT_TRUE(cancels.empty());
 }
 
+// Records live in a pool and an erased one is reused by the next new transfer:
+// nothing of the old transfer may show through.
+TEST_F(TransferTableTest, ARecordReusedAfterItsTombstoneWasDroppedStartsClean) {
+  table.wait_for_event("old", "r-old", "h-old", now, now + seconds(60), /*invented_name=*/true);
+  ASSERT_TRUE(table.mark_unavailable("old", now));
+  EXPECT_EQ(table.take_unavailable_requests(), std::vector<std::string>{"r-old"});
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(table.cancel("c" + std::to_string(i), now));  // bound 8 drops "old"
+  ASSERT_EQ(table.find("old"), nullptr);
+
+  make_available("new", "h-new");
+  const TransferRecord* r = table.find("new");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->state(), S::available);
+  EXPECT_EQ(r->mm_hash(), "h-new");
+  EXPECT_EQ(r->request_id(), "");
+  EXPECT_TRUE(r->waiters().empty());
+  EXPECT_TRUE(r->notified().empty());
+  EXPECT_EQ(r->load_owner(), "");
+  EXPECT_FALSE(r->invented_name());
+  EXPECT_FALSE(table.has_state("h-old", {S::waiting_event}));
+  // The old id is unknown again: a request for it waits afresh.
+  const TransferRecord* again = table.wait_for_event("old", "r2", "h-old", now, now + seconds(60));
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->state(), S::waiting_event);
+  EXPECT_EQ(again->waiters(), std::vector<std::string>{"r2"});
+  EXPECT_TRUE(again->notified().empty());
+  EXPECT_TRUE(table.take_unavailable_requests().empty());
+}
+
+TEST_F(TransferTableTest, LoadsDispatchInTheOrderBegunEvenWhenAQueuedRecordWasReused) {
+  make_available("t1", "h1");
+  make_available("t3", "h3");
+  ASSERT_NE(table.begin_load("h1", "t1", "r1", now, now + seconds(60)), nullptr);
+  ASSERT_TRUE(table.mark_unavailable("t1", now));                                       // still in the queue
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(table.cancel("c" + std::to_string(i), now));  // drops t1
+  ASSERT_EQ(table.find("t1"), nullptr);
+  make_available("t2", "h2");  // reuses t1's record
+  ASSERT_NE(table.begin_load("h3", "t3", "r3", now, now + seconds(60)), nullptr);
+  ASSERT_NE(table.begin_load("h2", "t2", "r2", now, now + seconds(60)), nullptr);
+  const auto loads = table.take_loads_to_dispatch();
+  ASSERT_EQ(loads.size(), 2u);
+  EXPECT_EQ(loads[0].transfer_id, "t3");  // not at the place t1 held in the queue
+  EXPECT_EQ(loads[1].transfer_id, "t2");
+  EXPECT_TRUE(table.take_loads_to_dispatch().empty());
+}
+
+TEST_F(TransferTableTest, SteadyChurnKeepsEveryIndexExact) {
+  // Many more transfers than the table keeps: records, hash entries and index
+  // slots are reused over and over.
+  for (int i = 0; i < 3000; ++i) {
+    const std::string id = "t" + std::to_string(i);
+    make_available(id, "h" + std::to_string(i % 7));
+    if (i % 3 == 0) {
+      ASSERT_NE(table.begin_load("h" + std::to_string(i % 7), id, "r", now, now + seconds(60)), nullptr);
+      ASSERT_TRUE(table.complete_load("h" + std::to_string(i % 7)));
+      table.release_ready("h" + std::to_string(i % 7), now);
+    } else {
+      ASSERT_TRUE(table.cancel(id, now));
+    }
+    if (i % 500 == 0) {
+      ASSERT_TRUE(table.check_invariants()) << table.check_invariants().message();
+    }
+  }
+  EXPECT_LE(table.tombstone_count(), 8u);
+  EXPECT_EQ(table.find("t0"), nullptr);
+  EXPECT_NE(table.find("t2999"), nullptr);
+}
+
 TEST_F(TransferTableTest, WithdrawnRequestsAreNotNotified) {
   table.wait_for_event("t1", "r1", "h1", now, now + seconds(60));
   table.withdraw("t1", "r1");
