@@ -46,6 +46,7 @@ void register_config(py::module_& m) {
       .def_readonly("encoder_output_width", &Config::encoder_output_width)
       .def_readonly("push_wait_timeout_s", &Config::push_wait_timeout_s)
       .def_readonly("log_level", &Config::log_level)
+      .def_readonly("metrics_port", &Config::metrics_port)
       .def_property_readonly("tp_size", [](const Config& c) { return c.layout.tp_size; })
       .def_property_readonly("tp_rank", [](const Config& c) { return c.layout.tp_rank; })
       .def_property_readonly("pp_size", [](const Config& c) { return c.layout.pp_size; })

@@ -62,6 +62,15 @@ class ECConnectorBase(ABC):
     @abstractmethod
     def save_caches(self, encoder_cache: dict, mm_hash: str, **kwargs: Any) -> None: ...
 
+    def start_worker_services(self) -> None:
+        return None
+
+    def start_save_caches(self, **kwargs: Any) -> None:
+        return None
+
+    def register_caches(self, ec_caches: dict) -> None:
+        return None
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return None, None
 
@@ -81,8 +90,17 @@ class ECConnectorBase(ABC):
     def ensure_cache_available(self, request: Any, num_computed_tokens: int) -> bool:
         return True
 
+    def update_state_after_free(self, request: Any, index: int) -> None:
+        return None
+
     def update_connector_output(self, connector_output: Any) -> None:
         return None
+
+    def has_pending_push_work(self) -> bool:
+        return False
+
+    def take_unavailable_requests(self) -> set[str]:
+        return set()
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
         return False, None

@@ -1,0 +1,489 @@
+"""ECX as vLLM's encoder-cache (EC) connector.
+
+Load it with::
+
+    --ec-transfer-config '{"ec_connector": "ECXConnector",
+                           "ec_connector_module_path": "ecx.vllm",
+                           "ec_role": "ec_consumer", ...}'
+
+vLLM builds one ``ECXConnector`` per role: a SCHEDULER instance in the EngineCore
+process and a WORKER instance in every GPU worker. Both are thin: the scheduler
+hooks call the C++ SchedulerCoordinator, the worker hooks the C++ WorkerCoordinator.
+Plans (``ECXConnectorMetadata``) and reports (``ECXWorkerMetadata``) cross process
+boundaries by pickle and are plain dataclasses. Tensors reach C++ only as
+``data_ptr()``, byte size and device; nothing here links libtorch.
+
+Every optional hook tolerates never being called, so the connector works with vLLM
+releases that call fewer hooks (see docs/vllm.md for what each release calls).
+"""
+
+from __future__ import annotations
+
+try:
+    from vllm.distributed.ec_transfer.ec_connector.base import (
+        ECConnectorBase,
+        ECConnectorMetadata,
+        ECConnectorRole,
+    )
+except ImportError as _missing:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError(
+        "ecx.vllm is ECX's vLLM EC connector and requires vLLM with EC transfer support "
+        "(vllm.distributed.ec_transfer, v0.11.1 or later), which is not importable here: "
+        f"{_missing}. Install vLLM in this environment; the rest of the ecx package works without it."
+    ) from _missing
+
+try:
+    from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorWorkerMetadata
+except ImportError:  # vLLM before per-worker EC metadata (#49585)
+
+    class ECConnectorWorkerMetadata:  # type: ignore[no-redef]
+        def aggregate(self, other):
+            raise NotImplementedError
+
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ecx import _core
+from ecx._vllm_support import (
+    PlaceholderMetadataResolver,
+    RequestViews,
+    ecx_config_json,
+    model_dtype_name,
+    model_hidden_width,
+    parallel_layout,
+    tensor_source,
+)
+
+logger = logging.getLogger("ecx.vllm")
+
+__all__ = [
+    "ECXConnector",
+    "ECXConnectorMetadata",
+    "ECXLoadItem",
+    "ECXPushItem",
+    "ECXStoreCandidate",
+    "ECXWorkerMetadata",
+]
+
+
+# ------------------------------------------------------------------ metadata
+
+
+@dataclass
+class ECXLoadItem:
+    """Take one landed (or resident) encoder output into the encoder cache."""
+
+    mm_hash: str
+    transfer_id: str
+    shape: list[int]
+    dtype: str
+    local: bool = False  # reload from the resident pool, no transfer involved
+
+    def to_core(self) -> tuple:
+        return (self.mm_hash, self.transfer_id, list(self.shape), self.dtype, self.local)
+
+
+@dataclass
+class ECXPushItem:
+    """Push one encoder output to a consumer."""
+
+    mm_hash: str
+    transfer_id: str
+    shape: list[int]
+    dtype: str
+    consumer_zmq: str
+    request_id: str
+
+    def to_core(self) -> tuple:
+        return (self.mm_hash, self.transfer_id, list(self.shape), self.dtype, self.consumer_zmq, self.request_id)
+
+
+@dataclass
+class ECXStoreCandidate:
+    mm_hash: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass
+class ECXConnectorMetadata(ECConnectorMetadata):
+    """One step's plan, scheduler -> workers. Built every step, possibly empty."""
+
+    loads: list[ECXLoadItem] = field(default_factory=list)
+    pushes: list[ECXPushItem] = field(default_factory=list)
+    # Hashes the workers drop from their encoder cache (connector-owned loads whose
+    # request went away without using them, plus the engine's own frees).
+    freed: list[str] = field(default_factory=list)
+    orphan_cancels: list[str] = field(default_factory=list)  # informational
+    store_candidates: list[ECXStoreCandidate] = field(default_factory=list)
+
+    @classmethod
+    def from_core(cls, planned: tuple) -> "ECXConnectorMetadata":
+        freed, orphans, candidates, pushes, loads = planned
+        return cls(
+            loads=[ECXLoadItem(h, t, list(s), d, bool(local)) for h, t, s, d, local in loads],
+            pushes=[ECXPushItem(h, t, list(s), d, z, r) for h, t, s, d, z, r in pushes],
+            freed=list(freed),
+            orphan_cancels=list(orphans),
+            store_candidates=[ECXStoreCandidate(h, list(s), d) for h, s, d in candidates],
+        )
+
+
+@dataclass
+class ECXWorkerMetadata(ECConnectorWorkerMetadata):
+    """One rank's step report, workers -> scheduler, folded across ranks."""
+
+    loaded: set[str] = field(default_factory=set)  # now in this rank's encoder cache
+    failed_loads: set[str] = field(default_factory=set)
+    reclaimed: set[str] = field(default_factory=set)  # resident copies this rank dropped
+    pending_saves: bool = False  # producer I/O still in flight
+    failed_saves: set[str] = field(default_factory=set)  # request ids whose push failed
+
+    def aggregate(self, other: ECConnectorWorkerMetadata) -> "ECXWorkerMetadata":
+        """Every rank gathers from its own cache, so `loaded` is the intersection and a
+        hash any rank failed is failed; the other sets are unions."""
+        if not isinstance(other, ECXWorkerMetadata):
+            return self
+        failed_loads = self.failed_loads | other.failed_loads
+        return ECXWorkerMetadata(
+            loaded=(self.loaded & other.loaded) - failed_loads,
+            failed_loads=failed_loads,
+            reclaimed=self.reclaimed | other.reclaimed,
+            pending_saves=self.pending_saves or other.pending_saves,
+            failed_saves=self.failed_saves | other.failed_saves,
+        )
+
+    @classmethod
+    def from_core(cls, report: tuple) -> "ECXWorkerMetadata":
+        loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
+        return cls(set(loaded), set(failed_loads), set(reclaimed), bool(pending_saves), set(failed_saves))
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _cuda_available() -> bool:
+    try:
+        return bool(_torch().cuda.is_available())
+    except Exception:  # noqa: BLE001 - no torch, or a broken CUDA runtime: host memory then
+        return False
+
+
+def _is_role(role: Any, name: str) -> bool:
+    return role is getattr(ECConnectorRole, name, None) or getattr(role, "name", None) == name
+
+
+# ------------------------------------------------------------------ connector
+
+
+class ECXConnector(ECConnectorBase):
+    """vLLM EC connector backed by the ECX engine (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any, role: Any):
+        super().__init__(vllm_config=vllm_config, role=role)
+        self._closed = False
+        self._scheduler: Any = None
+        self._worker: Any = None
+        self._metrics_server: Any = None
+        is_worker = _is_role(role, "WORKER")
+        ec_transfer_config = vllm_config.ec_transfer_config
+        layout = parallel_layout(vllm_config, worker=is_worker)
+        # ValueError naming the offending key: a configuration mistake stops the engine at startup.
+        self._config = _core.load_config(
+            ecx_config_json(ec_transfer_config, cuda_available=_cuda_available()), **layout
+        )
+        if self._config.log_level != "info":
+            _core.set_log_level(self._config.log_level)
+        if is_worker:
+            self._init_worker(vllm_config)
+        else:
+            self._init_scheduler(vllm_config)
+        logger.info(
+            "ECX %s connector ready: role=%s tp=%d/%d pp=%d/%d dp=%d/%d control=%s",
+            "worker" if is_worker else "scheduler",
+            self._config.role,
+            self._config.tp_rank,
+            self._config.tp_size,
+            self._config.pp_rank,
+            self._config.pp_size,
+            self._config.dp_index,
+            self._config.dp_size,
+            self._config.control_address(self._config.tp_rank) if self._config.is_consumer else "-",
+        )
+
+    # ---------------------------------------------------------------- setup
+
+    def _init_scheduler(self, vllm_config: Any) -> None:
+        width = model_hidden_width(vllm_config)
+        if self._config.is_producer and width <= 0 and self._config.encoder_output_width <= 0:
+            logger.warning(
+                "ECX cannot tell the encoder output width from the model config; pushes fail until "
+                "ec_connector_extra_config.encoder_output_width is set"
+            )
+        self._scheduler = _core.SchedulerCoordinator(self._config, model_dtype_name(vllm_config), width)
+        self._views = RequestViews()
+        self._metadata = PlaceholderMetadataResolver(getattr(vllm_config, "model_config", None))
+
+    def _init_worker(self, vllm_config: Any) -> None:
+        self._device_config = getattr(vllm_config, "device_config", None)
+        self._load_device: Any = None
+        # Producer state: the live encoder cache (vLLM hands it to save_caches), the
+        # hashes submitted pushes still need a source for (by requesting request), and
+        # the metadata whose pushes were submitted.
+        self._encoder_cache: dict | None = None
+        self._awaiting_source: dict[str, set[str]] = {}
+        self._submitted_meta: Any = None
+        # Started here, not lazily: a consumer's shards must listen before the first
+        # request reaches this instance, because its pushes arrive first.
+        self._worker = _core.WorkerCoordinator(self._config)
+        if self._config.metrics_port:
+            port = self._config.metrics_port + self._config.dp_index * self._config.tp_size + self._config.tp_rank
+            try:
+                self._metrics_server = _core.MetricsServer(self._config.ec_ip, port)
+            except (RuntimeError, ValueError) as e:
+                logger.warning("ECX metrics endpoint on port %d not started: %s", port, e)
+
+    # ---------------------------------------------------------------- scheduler side
+
+    def has_cache_item(self, identifier: str) -> bool:
+        if self._scheduler is None or self._closed:
+            return False
+        return self._scheduler.has_cache_item(identifier)
+
+    def has_caches(self, request: Any) -> list[bool]:
+        """vLLM before Feb 2026 asked per request instead of per item."""
+        return [self.has_cache_item(f.identifier) for f in (getattr(request, "mm_features", None) or ())]
+
+    def ensure_cache_available(self, request: Any, num_computed_tokens: int = 0, *args: Any, **kwargs: Any) -> bool:
+        if self._scheduler is None or self._closed or not getattr(request, "mm_features", None):
+            return True
+        return self._scheduler.ensure_cache_available(self._views.get(request), int(num_computed_tokens))
+
+    def update_state_after_alloc(self, request: Any, index: int) -> None:
+        if self._scheduler is None or self._closed:
+            return
+        self._scheduler.update_state_after_alloc(self._views.get(request), int(index))
+
+    def update_state_after_free(self, request: Any, index: int) -> None:
+        if self._scheduler is None or self._closed:
+            return
+        self._scheduler.update_state_after_free(self._views.get(request), int(index))
+
+    def build_connector_meta(self, scheduler_output: Any) -> ECXConnectorMetadata:
+        if self._scheduler is None or self._closed:
+            return ECXConnectorMetadata()
+        freed = [str(h) for h in (getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())]
+        preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
+        return ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        if self._scheduler is None or self._closed:
+            return
+        meta = getattr(connector_output, "ec_connector_worker_meta", None)
+        if not isinstance(meta, ECXWorkerMetadata):
+            return
+        self._scheduler.update_connector_output(
+            sorted(meta.loaded), sorted(meta.failed_loads), sorted(meta.reclaimed), meta.pending_saves,
+            sorted(meta.failed_saves),
+        )
+
+    def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        """(False, ec_transfer_params). A producer reports, per item identifier,
+        {"item_indices", "transfer_id"?, "metadata"} plus "ec_items" [{mm_hash,
+        transfer_id}] for every push prepared for the request; the proxy forwards
+        these to the consumer."""
+        if self._scheduler is None or self._closed:
+            return False, None
+        view = self._views.get(request)
+        try:
+            delay_free, params_text = self._scheduler.request_finished(view)
+        finally:
+            self._views.pop(view.request_id)
+        if params_text is None:
+            return bool(delay_free), None
+        params = json.loads(params_text)
+        features = getattr(request, "mm_features", None) or ()
+        for key, entry in params.items():
+            if key == "ec_items" or not isinstance(entry, dict):
+                continue
+            indices = entry.get("item_indices") or ()
+            metadata: dict[str, Any] = {}
+            if indices and indices[0] < len(features):
+                metadata = self._metadata.metadata_for(features[indices[0]])
+            entry["metadata"] = metadata
+        return bool(delay_free), params
+
+    def take_unavailable_requests(self) -> set[str]:
+        if self._scheduler is None or self._closed:
+            return set()
+        return set(self._scheduler.take_unavailable_requests())
+
+    def has_pending_push_work(self) -> bool:
+        if self._scheduler is None or self._closed:
+            return False
+        return self._scheduler.has_pending_push_work()
+
+    # ---------------------------------------------------------------- worker side
+
+    def start_worker_services(self) -> None:
+        """Nothing left to do: the worker coordinator started with the connector."""
+
+    def register_caches(self, ec_caches: Any = None, **kwargs: Any) -> None:
+        """Placeholder hook in vLLM; ECX lands payloads in its own pool."""
+
+    def _bound_metadata(self) -> ECXConnectorMetadata | None:
+        meta = getattr(self, "_connector_metadata", None)
+        return meta if isinstance(meta, ECXConnectorMetadata) else None
+
+    def _device_for_loads(self) -> Any:
+        if self._load_device is None:
+            torch = _torch()
+            device = getattr(self._device_config, "device", None)
+            device_type = getattr(device, "type", None) or str(device or "cpu").split(":")[0]
+            if device_type == "cuda" and torch.cuda.is_available():
+                # The current device, so TP ranks do not all land on cuda:0.
+                self._load_device = torch.device("cuda", torch.cuda.current_device())
+            else:
+                self._load_device = torch.device("cpu")
+        return self._load_device
+
+    def start_load_caches(self, encoder_cache: dict, **kwargs: Any) -> None:
+        if self._worker is None or self._closed or not self.is_consumer:
+            return
+        meta = self._bound_metadata()
+        if meta is None:
+            return
+        for mm_hash in meta.freed:
+            encoder_cache.pop(mm_hash, None)
+        if not meta.loads:
+            return
+        torch = _torch()
+        device = self._device_for_loads()
+        staged: dict[str, Any] = {}
+
+        def allocate(mm_hash: str, shape: list[int], dtype: str) -> tuple[int, bool, int]:
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            staged[mm_hash] = tensor
+            data_ptr, _, is_cuda, index = tensor_source(tensor)
+            return data_ptr, is_cuda, index
+
+        present = [item.mm_hash for item in meta.loads if item.mm_hash in encoder_cache]
+        loaded, _failed = self._worker.start_load_caches([item.to_core() for item in meta.loads], present, allocate)
+        # Only complete copies become visible; the C++ side waited for device copies.
+        for mm_hash in loaded:
+            tensor = staged.get(mm_hash)
+            if tensor is not None:
+                encoder_cache[mm_hash] = tensor
+
+    def start_save_caches(self, encoder_cache: dict | None = None, **kwargs: Any) -> None:
+        if self._worker is None or self._closed or not self.is_producer:
+            return
+        if encoder_cache is not None:
+            self._encoder_cache = encoder_cache
+        self._submit_pushes()
+
+    def _submit_pushes(self) -> None:
+        """Hands the bound metadata's pushes to the push engine, once per step, before
+        any source is bound (vLLM releases that never call start_save_caches reach
+        this from save_caches or get_finished). Outputs already in the encoder cache
+        (encoded in an earlier step, shared by another request) are bound right away:
+        no save_caches call will come for them."""
+        meta = self._bound_metadata()
+        if meta is None or meta is self._submitted_meta:
+            return
+        self._submitted_meta = meta
+        if not meta.pushes:
+            return
+        self._worker.start_save_caches([p.to_core() for p in meta.pushes])
+        for push in meta.pushes:
+            self._awaiting_source.setdefault(push.mm_hash, set()).add(push.request_id)
+        cache = self._encoder_cache
+        if cache is not None:
+            for mm_hash in {p.mm_hash for p in meta.pushes}:
+                tensor = cache.get(mm_hash)
+                if tensor is not None:
+                    self._save_tensor(mm_hash, tensor)
+
+    def _save_tensor(self, mm_hash: str, tensor: Any) -> None:
+        if self._awaiting_source.pop(mm_hash, None) is None:
+            return  # no push wants it (or it was bound already)
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        data_ptr, nbytes, is_cuda, _ = tensor_source(tensor)
+        if is_cuda:
+            # The encoder wrote it on the current stream; the staging copy runs on
+            # ECX's own stream and must not start before those kernels finish.
+            _torch().cuda.current_stream(tensor.device).synchronize()
+        error = self._worker.save_cache(mm_hash, data_ptr, nbytes, is_cuda)
+        if error is not None:
+            logger.debug("ECX could not stage mm_hash=%s: %s", mm_hash, error)
+
+    def save_caches(self, encoder_cache: dict, mm_hash: str, **kwargs: Any) -> None:
+        if self._worker is None or self._closed or not self.is_producer:
+            return  # vLLM's MRv1 calls this on every role
+        self._encoder_cache = encoder_cache
+        self._submit_pushes()
+        tensor = encoder_cache.get(mm_hash)
+        if tensor is None:
+            logger.warning("ECX save_caches: mm_hash=%s is not in the encoder cache", mm_hash)
+            return
+        self._save_tensor(mm_hash, tensor)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None or self._closed:
+            return None, None
+        if self.is_producer:
+            self._submit_pushes()
+            finished = {str(r) for r in (finished_req_ids or ())}
+            if finished:
+                for mm_hash in list(self._awaiting_source):
+                    waiting = self._awaiting_source[mm_hash]
+                    waiting -= finished
+                    if not waiting:
+                        del self._awaiting_source[mm_hash]
+        if finished_req_ids:
+            self._worker.get_finished(sorted(str(r) for r in finished_req_ids))
+        return None, None
+
+    def build_connector_worker_meta(self) -> ECXWorkerMetadata | None:
+        if self._worker is None or self._closed:
+            return None
+        report = self._worker.build_worker_meta()
+        return None if report is None else ECXWorkerMetadata.from_core(report)
+
+    # ---------------------------------------------------------------- both
+
+    def shutdown(self) -> None:
+        """Stops ECX's threads and sockets and frees its pools. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.close()
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+        if self._worker is not None:
+            self._encoder_cache = None  # the engine's cache is not ours to keep alive
+
+    def worker_counters(self) -> dict[str, Any]:
+        """Pool and push counters of this worker (diagnostics)."""
+        if self._worker is None or self._closed:
+            return {}
+        return self._worker.counters()
+
+    def scheduler_stats(self) -> dict[str, Any]:
+        """Counters of the scheduler-side coordinator (diagnostics)."""
+        if self._scheduler is None or self._closed:
+            return {}
+        return self._scheduler.stats()

@@ -1,0 +1,156 @@
+"""An E+PD cluster for the connector tests, each instance in its own process.
+
+encoder_main and pd_main run one vLLM test-double instance each (an encoder with
+ec_producer, a PD instance with ec_consumer and TP = 2) with ECXConnector loaded
+the way vLLM loads it; the test process plays vLLM's EPD proxy and talks to them
+through multiprocessing queues. Between the instances everything is real ECX:
+ZeroMQ control sockets, readiness events and UCX over loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+from typing import Any
+
+WIDTH = 64
+
+
+def free_port_range(count: int) -> int:
+    """A base port with `count` consecutive ports free on 127.0.0.1 (bind-probe)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", p))
+                sockets.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free port range on 127.0.0.1")
+
+
+def extra_config(**overrides: Any) -> dict[str, Any]:
+    extra = {
+        "control_timeout_s": 5,
+        "push_wait_timeout_s": 20,
+        "shutdown_drain_timeout_s": 5,
+        "huge_pages": False,
+    }
+    extra.update(overrides)
+    return extra
+
+
+def vllm_config(role: str, port: int, tp: int, **extra: Any):
+    from vllm.config import ECTransferConfig, ParallelConfig, VllmConfig
+
+    return VllmConfig(
+        ec_transfer_config=ECTransferConfig(
+            ec_connector="ECXConnector",
+            ec_connector_module_path="ecx.vllm",
+            ec_role=role,
+            ec_ip="127.0.0.1",
+            ec_port=port,
+            ec_buffer_device="cpu",
+            ec_buffer_size=64 * 1024 * 1024,
+            ec_connector_extra_config=extra_config(**extra),
+        ),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
+    )
+
+
+def _serve(engine, inbox, outbox, on_stop) -> None:
+    """Steps the engine while it has work; admits the proxy's requests between steps."""
+    from vllm._double_engine import make_request
+
+    stopping = False
+
+    def handle(message: tuple) -> None:
+        nonlocal stopping
+        if message[0] == "request":
+            _, request_id, items, params = message
+            engine.add_request(make_request(request_id, items, params))
+        elif message[0] == "stop":
+            stopping = True
+
+    while True:
+        try:
+            while True:
+                handle(inbox.get_nowait())
+        except queue.Empty:
+            pass
+        if engine.has_requests():
+            engine.step()
+            finished = engine.take_finished()
+            for f in finished:
+                outbox.put(("finished", f.request_id, f.status, f.ec_transfer_params, f.detail, f.provenance))
+            if not finished:
+                time.sleep(0.0005)  # waiting on the network: do not starve the other instance of CPU
+        elif stopping:
+            break
+        else:
+            try:  # idle: wait for the proxy's next message
+                handle(inbox.get(timeout=0.05))
+            except queue.Empty:
+                pass
+    outbox.put(("stopping", on_stop()))
+
+
+def encoder_main(port: int, inbox, outbox) -> None:
+    """The encoder instance (ec_producer, TP = 1)."""
+    os.environ["UCX_TLS"] = "tcp"
+    from vllm._double_engine import EngineDouble
+
+    engine = EngineDouble(vllm_config("ec_producer", port, 1), encode_only=True, cache_rows=2048)
+    outbox.put(("ready", None))
+
+    def on_stop() -> dict[str, Any]:
+        counters = engine.workers[0].connector.worker_counters()
+        stats = engine.scheduler.scheduler_stats()
+        engine.shutdown()
+        engine.shutdown()  # idempotent
+        return {"counters": counters, "stats": stats, "local_encodes": engine.workers[0].local_encodes}
+
+    _serve(engine, inbox, outbox, on_stop)
+
+
+def pd_main(port: int, inbox, outbox) -> None:
+    """The PD instance (ec_consumer, TP = 2: two workers with their own caches)."""
+    os.environ["UCX_TLS"] = "tcp"
+    from vllm._double_engine import EngineDouble
+
+    # An encoder cache that never evicts: when the engine evicts a hash in the same
+    # step in which it allocates that hash again as an external load, the workers drop
+    # the delivered copy and nothing reloads it (a known scheduler-coordinator gap,
+    # reproduced with a small cache_rows here; see docs/vllm.md, "Known limitations").
+    engine = EngineDouble(vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=1 << 20)
+    outbox.put(("ready", engine.workers[0].connector._config.control_address(0)))
+
+    def on_stop() -> dict[str, Any]:
+        # Let the last remote cancels and frees settle: a few idle steps, bounded.
+        deadline = time.monotonic() + 5
+        counters: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            engine.step()
+            counters = [w.connector.worker_counters() for w in engine.workers]
+            if all(c["pool_used_bytes"] == c["resident_bytes"] for c in counters):
+                break
+            time.sleep(0.01)
+        stats = engine.scheduler.scheduler_stats()
+        engine.shutdown()
+        engine.shutdown()  # idempotent
+        return {"counters": counters, "stats": stats, "local_encodes": [w.local_encodes for w in engine.workers]}
+
+    _serve(engine, inbox, outbox, on_stop)
