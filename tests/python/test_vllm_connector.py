@@ -277,3 +277,9 @@ def test_interpreter_exits_cleanly_with_live_connectors_and_logging_threads():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "STARTED" in result.stdout
     assert "consumer shard 0 serving" in result.stderr  # a C++ record delivered through the bridge
+
+
+def test_docs_vllm_names_every_configuration_key():
+    text = (HERE.parent.parent / "docs" / "vllm.md").read_text()
+    missing = [k["name"] for k in ecx.config_keys() if f"`{k['name']}`" not in text]
+    assert not missing, f"docs/vllm.md does not mention {missing}"
