@@ -38,6 +38,8 @@ struct DemoOptions {
   int max_tokens = 2500;
   int hidden = 3584;
   double repeat = 0.2;
+  bool log_sizes = false;
+  std::uint64_t item_bytes = 0;
   int tp = 2;
   std::string transport = "tcp";
   std::string pool_size = "1GiB";
@@ -119,6 +121,8 @@ sim::WorkloadOptions workload_of(const DemoOptions& o, int round) {
   w.max_tokens = o.max_tokens;
   w.hidden = o.hidden;
   w.repeat_fraction = o.repeat;
+  w.log_uniform_tokens = o.log_sizes;
+  w.fixed_bytes = o.item_bytes;
   w.seed = o.seed + static_cast<std::uint64_t>(round);
   w.id_prefix = fmt::format("demo{}", round);
   return w;
@@ -266,6 +270,8 @@ int run_demo(const DemoOptions& options) {
                                      "--port",
                                      std::to_string(o.port),
                                      o.checksum ? "--checksum" : "--no-checksum"};
+    if (o.log_sizes) argv.emplace_back("--log-sizes");
+    if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
     return argv;
   };
   const std::vector<std::string> env = {"UCX_TLS=" + ucx_tls(o.transport)};
@@ -424,6 +430,10 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_option("--repeat", o->repeat, "share of images repeated across requests")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  demo->add_option("--item-bytes", o->item_bytes,
+                   "every image exactly this many bytes (benches; 0 = token-based sizes)")
+      ->capture_default_str();
+  demo->add_flag("--log-sizes", o->log_sizes, "draw token counts log-uniformly (many small images, few large)");
   demo->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
   demo->add_option("--transport", o->transport, "UCX transport")
       ->capture_default_str()

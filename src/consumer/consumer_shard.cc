@@ -221,6 +221,7 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   auto mode = transport::parse_ucx_mode(config.ucx_mode);
   if (!mode) return mode.status();
   ucx.mode = *mode;
+  ucx.peer_error_handling = config.ucx_peer_errors;
   ucx.clock = state->clock;
   std::weak_ptr<State> weak = state;
   ucx.resolver = [weak](std::span<const std::byte> header, std::uint64_t bytes) -> Result<transport::Landing> {

@@ -308,6 +308,11 @@ const std::vector<KeySpec>& key_table() {
           "UCX protocol: am (active messages, receiver-chosen landing) or put (one-sided put + flush; meant for RC "
           "verbs).",
           set_enum(&Config::ucx_mode, {"am", "put"}));
+    extra("ucx_peer_errors", "boolean", "true",
+          "Detect dead peers through UCX's peer error handling (a failed peer fails its sends at once). UCX 1.13's "
+          "shared-memory transports cannot run with it: set false to move payloads over shared memory within a host; a "
+          "dead peer is then noticed at the send deadline.",
+          set_bool(&Config::ucx_peer_errors));
     extra("mooncake_protocol", "enum", "tcp", "Mooncake protocol when transport is mooncake: tcp or rdma.",
           set_enum(&Config::mooncake_protocol, {"tcp", "rdma"}));
     extra("mooncake_lib", "string", "\"\"",

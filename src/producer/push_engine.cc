@@ -116,6 +116,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   std::map<std::string, std::vector<PushSpec>> awaiting_topology;  // base address -> specs
   std::multimap<std::string, BindCommand> deferred_binds;          // mm_hash -> binds awaiting a topology
   std::size_t awaiting_count = 0;
+  // Pushes and binds parked until a consumer's topology is known; read by pending().
+  std::atomic<std::size_t> parked{0};
+  void update_parked() { parked.store(awaiting_count + deferred_binds.size(), std::memory_order_release); }
 
   // Failures found outside the push state (discovery, staging).
   mutable std::mutex failures_mutex;
@@ -181,6 +184,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       }
       actions.append(pushes.tick());
       execute(std::move(actions));
+      update_parked();
       in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel);
       lock.lock();
       inbox_cv.notify_all();  // wake wait_idle()
@@ -214,7 +218,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   void handle(SubmitCommand& command, Actions& actions) {
-    const auto& base = command.spec.consumer_address;
+    const std::string base = command.spec.consumer_address;  // a copy: the spec is moved below
     if (const auto* topology = topology_of(base)) {
       start_push(command.spec, static_cast<int>(topology->shards.size()), actions);
       return;
@@ -230,6 +234,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     const bool first = waiting.empty();
     waiting.push_back(std::move(command.spec));
     ++awaiting_count;
+    log->debug("push of transfer_id={} waits for the topology of {}", waiting.back().transfer_id, base);
     if (first) {
       std::weak_ptr<State> weak = weak_from_this();
       client->discover_async(base, config.control_timeout(), [weak, base](Result<control::Topology> topology) {
@@ -239,6 +244,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   void handle(TopologyResult& result, Actions& actions) {
+    log->debug("topology of {}: {}", result.base,
+               result.topology ? fmt::format("{} shard(s)", result.topology->shards.size())
+                               : result.topology.status().to_string());
     auto it = awaiting_topology.find(result.base);
     if (it == awaiting_topology.end()) return;
     auto specs = std::move(it->second);
@@ -448,6 +456,7 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   auto mode = transport::parse_ucx_mode(config.ucx_mode);
   if (!mode) return mode.status();
   ucx.mode = *mode;
+  ucx.peer_error_handling = config.ucx_peer_errors;
   ucx.clock = state->clock;
   // A producer never receives payloads.
   ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {
@@ -567,7 +576,8 @@ std::vector<FailedSave> PushEngine::drain_failures() {
 }
 
 bool PushEngine::pending() const {
-  return state_->in_progress.load(std::memory_order_acquire) > 0 || state_->pushes.pending();
+  return state_->in_progress.load(std::memory_order_acquire) > 0 ||
+         state_->parked.load(std::memory_order_acquire) > 0 || state_->pushes.pending();
 }
 
 bool PushEngine::wait_idle(Duration timeout) const {

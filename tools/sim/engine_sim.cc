@@ -275,6 +275,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   while (s.options.clock->now() < deadline && !(stop && stop->load())) {
     s.step();
     if (s.producer_done && s.pending.empty() && s.result.progress.requests_admitted >= s.expected) break;
+    if (s.options.on_step) s.options.on_step(s.snapshot(started));
     if (s.options.on_progress && s.options.clock->now() >= next_progress) {
       s.options.on_progress(s.snapshot(started));
       next_progress = s.options.clock->now() + s.options.progress_interval;
@@ -391,6 +392,12 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   }
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;
+  log->info(
+      "producer: {} submitted, {} sources bound ({} unused), pushes {} started / {} done / {} failed / {} active, "
+      "{} payloads sent, {} I/O in flight, {} discovery failures, {} staging failures",
+      counters.submitted, counters.sources_bound, counters.sources_unused, counters.pushes.started,
+      counters.pushes.done, counters.pushes.failed, counters.pushes.active, counters.pushes.payloads_sent,
+      counters.pushes.io_in_flight, counters.topology_failures, counters.staging_failures);
   const auto done = json{{"done", true}, {"requests", result.requests}}.dump();
   admit.send(zmq::buffer(done), zmq::send_flags::none);
   result.wall_s = duration_to_seconds(o.clock->now() - started);

@@ -61,6 +61,8 @@ struct ConsumerSimOptions {
   // (their pushes may have failed; the scheduler fails them by push_wait_timeout).
   Duration progress_interval = std::chrono::milliseconds(500);
   std::function<void(const Progress&)> on_progress;
+  // Called after every engine step (tests: advance a manual clock, inject faults).
+  std::function<void(const Progress&)> on_step;
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
 };
 

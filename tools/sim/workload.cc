@@ -1,5 +1,6 @@
 #include "sim/workload.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -50,7 +51,13 @@ std::vector<SimRequest> make_workload(const WorkloadOptions& o) {
       if (o.fixed_bytes > 0) {
         shape = {static_cast<std::int64_t>(std::max<std::uint64_t>(1, o.fixed_bytes / item_size))};
       } else {
-        shape = {tokens(rng), o.hidden};
+        int rows = tokens(rng);
+        if (o.log_uniform_tokens) {
+          std::uniform_real_distribution<double> u(std::log(std::max(1, o.min_tokens)),
+                                                   std::log(std::max(1, o.max_tokens)));
+          rows = static_cast<int>(std::lround(std::exp(u(rng))));
+        }
+        shape = {rows, o.hidden};
       }
       Item item{fmt::format("{}-img-{:08x}-{}", o.id_prefix, o.seed & 0xffffffffULL, image_counter++), transfer_id,
                 TensorSpec::make(std::move(shape), o.dtype, ~0ULL).value()};

@@ -36,7 +36,8 @@ struct WorkloadOptions {
   int max_tokens = 2500;
   int hidden = 3584;
   DType dtype = DType::bfloat16;
-  double repeat_fraction = 0.2;  // share of image occurrences that reuse an earlier image
+  double repeat_fraction = 0.2;     // share of image occurrences that reuse an earlier image
+  bool log_uniform_tokens = false;  // token counts log-uniform in [min, max] (many small, few large)
   std::uint64_t seed = 1;
   std::uint64_t fixed_bytes = 0;  // > 0: every item has exactly this size (benches)
   std::string id_prefix = "sim";

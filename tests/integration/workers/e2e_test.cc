@@ -1,0 +1,130 @@
+// The consumer runs here, stepped exactly as an engine steps the connector; the
+// producer is a separate process (`ecx demo --role producer`). Everything between
+// them is real: ZeroMQ control plane, readiness events, UCX payloads on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "ecx/core/config.h"
+#include "sim/engine_sim.h"
+#include "sim/process.h"
+
+namespace ecx::sim {
+namespace {
+
+using json = nlohmann::json;
+
+int free_port_block(int count) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 30000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 131U + attempt * 7919U) % 25000U);
+    bool ok = true;
+    for (int p = base; p < base + count && ok; ++p) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<std::uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      ::close(fd);
+    }
+    if (ok) return base;
+  }
+  return 0;
+}
+
+struct Workload {
+  int requests = 200;
+  int min_tokens = 32;    // 32 x 1024 x 2 B = 64 KiB
+  int max_tokens = 8192;  // 8192 x 1024 x 2 B = 16 MiB
+  int hidden = 1024;
+  double repeat = 0.2;
+  std::uint64_t seed = 7;
+  std::string pool = "512MiB";
+};
+
+Config consumer_config(int tp, int port, const std::string& pool, const json& extra_overrides = json::object()) {
+  json extra{
+      {"checksum", true}, {"push_wait_timeout_s", 30}, {"control_timeout_s", 5}, {"shutdown_drain_timeout_s", 2}};
+  extra.update(extra_overrides);
+  json doc{{"ec_role", "ec_consumer"}, {"ec_ip", "127.0.0.1"},      {"ec_port", port},
+           {"ec_buffer_size", pool},   {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
+  ParallelLayout layout;
+  layout.tp_size = tp;
+  auto config = parse_config(doc.dump(), layout);
+  EXPECT_TRUE(config) << config.status().to_string();
+  return *config;
+}
+
+std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& consumer, int port) {
+  return {std::string(ECX_BINARY_DIR) + "/bin/ecx",
+          "demo",
+          "--role",
+          "producer",
+          "--consumer",
+          consumer.control_address(),
+          "--admit",
+          consumer.admit_endpoint(),
+          "--requests",
+          std::to_string(w.requests),
+          "--min-tokens",
+          std::to_string(w.min_tokens),
+          "--max-tokens",
+          std::to_string(w.max_tokens),
+          "--hidden",
+          std::to_string(w.hidden),
+          "--repeat",
+          std::to_string(w.repeat),
+          "--log-sizes",
+          "--seed",
+          std::to_string(w.seed),
+          "--pool-size",
+          w.pool,
+          "--port",
+          std::to_string(port),
+          "--deadline",
+          "120"};
+}
+
+class EndToEnd : public ::testing::TestWithParam<int> {};
+
+TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
+  const int tp = GetParam();
+  Workload w;
+  const int port = free_port_block(tp);
+  ASSERT_NE(port, 0);
+  ConsumerSimOptions options;
+  options.config = consumer_config(tp, port, w.pool);
+  options.deadline = std::chrono::seconds(180);
+  auto consumer = ConsumerSim::start(std::move(options));
+  ASSERT_TRUE(consumer) << consumer.status().to_string();
+  auto producer = ChildProcess::spawn(producer_argv(w, **consumer, port));
+  ASSERT_TRUE(producer) << producer.status().to_string();
+
+  const auto result = (*consumer)->run();
+  const auto exit_code = producer->wait(std::chrono::seconds(60));
+
+  ASSERT_TRUE(result.producer_done) << "the producer never said it was done";
+  EXPECT_EQ(exit_code.value_or(-1), 0);
+  EXPECT_EQ(result.progress.requests_admitted, static_cast<std::uint64_t>(w.requests));
+  EXPECT_EQ(result.progress.requests_ready, static_cast<std::uint64_t>(w.requests));
+  EXPECT_EQ(result.progress.requests_failed, 0U)
+      << "first failed: " << (result.failed_requests.empty() ? "" : result.failed_requests[0]);
+  EXPECT_GE(result.items_ready, 400U);  // 200 requests of 1..4 images
+  EXPECT_EQ(result.content_mismatches, 0U);
+  EXPECT_EQ(result.checksum_mismatches, 0U);
+  EXPECT_EQ(result.live_reservations, 0U);
+  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  EXPECT_EQ(result.invariant_error, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd, ::testing::Values(1, 2),
+                         [](const auto& param_info) { return "tp" + std::to_string(param_info.param); });
+
+}  // namespace
+}  // namespace ecx::sim
