@@ -48,6 +48,7 @@ struct Config {
   std::uint64_t retry_after_ms = 5;
   std::string transport = "ucx";          // ucx | mooncake
   std::string ucx_mode = "am";            // am | put
+  bool ucx_peer_errors = true;            // UCP peer error handling (off lets UCX use shared memory)
   std::string mooncake_protocol = "tcp";  // tcp | rdma
   std::string mooncake_lib;               // "" = ECX_MOONCAKE_LIB or the loader's search path
   std::string data_ip;                    // "" = ec_ip
