@@ -31,6 +31,8 @@ set(ECX_PC_CFLAGS "")
 if(ECX_HAVE_CUDA)
   set(ECX_PC_CFLAGS "-DECX_HAVE_CUDA=1")
 endif()
+# Relative to the .pc file, so `cmake --install --prefix X` yields a correct file.
+file(RELATIVE_PATH ECX_PC_TO_PREFIX /root/${CMAKE_INSTALL_LIBDIR}/pkgconfig /root)
 configure_file(${CMAKE_CURRENT_LIST_DIR}/ecx.pc.in ${CMAKE_BINARY_DIR}/ecx.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/ecx.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
