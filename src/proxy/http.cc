@@ -277,7 +277,15 @@ struct Session : Responder {
       parser.header_limit(64 * 1024);
       error_code ec;
       stream.expires_after(server->limits.read_timeout);
-      co_await bhttp::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      co_await bhttp::async_read_header(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      if (!ec && iequals(parser.get()[bhttp::field::expect], "100-continue")) {
+        // Clients holding a large body back until told to send it (curl does).
+        bhttp::response<bhttp::empty_body> go_on{bhttp::status::continue_, 11};
+        co_await bhttp::async_write(stream, go_on, net::redirect_error(net::use_awaitable, ec));
+      }
+      if (!ec && !parser.is_done()) {
+        co_await bhttp::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      }
       if (ec == bhttp::error::body_limit) {
         co_await answer_error(413, fmt::format("the request body exceeds {} bytes", server->limits.max_body_bytes));
         co_await drain_then_close();
