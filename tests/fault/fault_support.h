@@ -1,0 +1,155 @@
+#pragma once
+// Shared pieces of the fault tests: free loopback ports, consumer configurations,
+// the producer process (`ecx demo --role producer`) and its result line, and an
+// admit channel for tests that play the proxy themselves.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "ecx/core/config.h"
+#include "sim/process.h"
+
+namespace ecx::fault {
+
+using json = nlohmann::json;
+
+// A block of `count` consecutive free TCP ports on 127.0.0.1 (probed by binding).
+inline int free_port_block(int count) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int base = 30000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 613U + attempt * 7919U) % 25000U);
+    bool ok = true;
+    for (int p = base; p < base + count && ok; ++p) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<std::uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      ::close(fd);
+    }
+    if (ok) return base;
+  }
+  return 0;
+}
+
+// The --ec-transfer-config document of a CPU-pool consumer on 127.0.0.1.
+inline json consumer_document(int port, const std::string& pool, const json& extra_overrides = json::object()) {
+  json extra{
+      {"checksum", true}, {"push_wait_timeout_s", 30}, {"control_timeout_s", 5}, {"shutdown_drain_timeout_s", 2}};
+  extra.update(extra_overrides);
+  return json{{"ec_role", "ec_consumer"}, {"ec_ip", "127.0.0.1"},      {"ec_port", port},
+              {"ec_buffer_size", pool},   {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
+}
+
+inline Config consumer_config(int tp, int port, const std::string& pool, const json& extra_overrides = json::object()) {
+  ParallelLayout layout;
+  layout.tp_size = tp;
+  auto config = parse_config(consumer_document(port, pool, extra_overrides).dump(), layout);
+  EXPECT_TRUE(config) << config.status().to_string();
+  return config ? *config : Config{};
+}
+
+struct ProducerArgs {
+  std::string consumer;  // base control address
+  std::string admit;     // where admit messages go
+  int port = 0;          // the consumer's base control port
+  int requests = 20;
+  int min_images = 1;
+  int max_images = 1;
+  int min_tokens = 32;
+  int max_tokens = 32;
+  int hidden = 1024;
+  double repeat = 0.0;
+  std::uint64_t seed = 11;
+  std::string pool = "128MiB";  // the producer's staging pool
+  double deadline_s = 30;
+};
+
+inline std::vector<std::string> producer_argv(const ProducerArgs& a) {
+  return {std::string(ECX_BINARY_DIR) + "/bin/ecx",
+          "demo",
+          "--role",
+          "producer",
+          "--consumer",
+          a.consumer,
+          "--admit",
+          a.admit,
+          "--requests",
+          std::to_string(a.requests),
+          "--min-images",
+          std::to_string(a.min_images),
+          "--max-images",
+          std::to_string(a.max_images),
+          "--min-tokens",
+          std::to_string(a.min_tokens),
+          "--max-tokens",
+          std::to_string(a.max_tokens),
+          "--hidden",
+          std::to_string(a.hidden),
+          "--repeat",
+          std::to_string(a.repeat),
+          "--seed",
+          std::to_string(a.seed),
+          "--pool-size",
+          a.pool,
+          "--port",
+          std::to_string(a.port),
+          "--deadline",
+          std::to_string(a.deadline_s)};
+}
+
+// The producer's final JSON line ({"event":"result", "failed_saves": ..., ...}), read
+// until its stdout closes or `timeout` passes.
+inline std::optional<json> producer_result(sim::ChildProcess& producer, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::optional<json> result;
+  while (!producer.eof() && std::chrono::steady_clock::now() < until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    auto line = producer.read_line(std::max(left, std::chrono::milliseconds(1)));
+    if (!line) continue;
+    auto doc = json::parse(*line, nullptr, false);
+    if (doc.is_object() && doc.value("event", "") == "result") result = doc;
+  }
+  return result;
+}
+
+// The admit channel a proxy would own: the producer forwards every finished request
+// here ({"request_id", "items": [{mm_hash, transfer_id, shape, dtype}], ...}), then
+// {"done": true}.
+class AdmitChannel {
+ public:
+  AdmitChannel() {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind("tcp://127.0.0.1:*");
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  // The next message, or nullopt after `timeout`.
+  std::optional<json> next(std::chrono::milliseconds timeout) {
+    zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) <= 0) return std::nullopt;
+    zmq::message_t message;
+    if (!socket_.recv(message, zmq::recv_flags::dontwait)) return std::nullopt;
+    auto doc = json::parse(message.to_string_view(), nullptr, false);
+    if (doc.is_discarded()) return std::nullopt;
+    return doc;
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_{context_, zmq::socket_type::pull};
+  std::string endpoint_;
+};
+
+}  // namespace ecx::fault

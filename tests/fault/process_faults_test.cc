@@ -1,0 +1,275 @@
+// Fault cases across real processes: the producer is `ecx demo --role producer`, the
+// consumer runs here (stepped like an engine, or as bare shards) or as `ecx consumer`.
+// ZeroMQ and UCX over loopback; consumer-side timeouts run on a manual clock so no
+// test sleeps a timeout out.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "ecx/consumer/consumer_shard.h"
+#include "fault_support.h"
+#include "sim/engine_sim.h"
+#include "sim/process.h"
+#include "sim/workload.h"
+
+namespace ecx::fault {
+namespace {
+
+using namespace std::chrono_literals;
+using sim::ChildProcess;
+
+// 1. The producer dies (SIGKILL) while its pushes are in flight. Every request the
+// consumer admitted resolves — ready, or unavailable by push_wait_timeout — and the
+// pool holds nothing but resident copies once the reservation TTL has passed.
+TEST(ProducerKilled, WaitingRequestsBecomeUnavailableAndThePoolIsFreed) {
+  const int port = free_port_block(1);
+  ASSERT_NE(port, 0);
+  constexpr double kPushWait = 3.0;
+  constexpr double kTtl = 2.0;
+  auto clock = std::make_shared<ManualClock>();
+  sim::ConsumerSimOptions options;
+  options.config =
+      consumer_config(1, port, "256MiB", {{"push_wait_timeout_s", kPushWait}, {"reservation_ttl_s", kTtl}});
+  options.clock = clock;
+  options.deadline = 120s;  // manual time: reached only if the test stops advancing it wrongly
+
+  std::optional<ChildProcess> producer;
+  std::atomic<bool> stop{false};
+  bool killed = false;
+  TimePoint killed_at{};
+  std::optional<TimePoint> all_resolved_at;
+  std::uint64_t admitted_at_kill = 0;
+  std::optional<std::chrono::steady_clock::time_point> settle_since;
+  options.on_step = [&](const sim::Progress& p) {
+    if (!killed) {
+      // Kill while the pool holds reservations and admitted requests still wait.
+      if (p.requests_admitted > 0 && p.in_flight > 0 && p.pool_used_bytes > 0) {
+        producer->signal(SIGKILL);
+        killed = true;
+        killed_at = clock->now();
+        admitted_at_kill = p.requests_admitted;
+      }
+      return;
+    }
+    if (!all_resolved_at && p.in_flight == 0) all_resolved_at = clock->now();
+    // Move consumer time past every deadline, then give the shard's expiry sweep
+    // (its control thread's tick) a moment of real time before stopping.
+    const auto settle = killed_at + seconds_to_duration(std::max(kPushWait, kTtl) + 2.0);
+    if (clock->now() < settle) {
+      clock->advance(20ms);
+    } else if (!settle_since) {
+      settle_since = std::chrono::steady_clock::now();
+    } else if (p.in_flight == 0 && std::chrono::steady_clock::now() - *settle_since > 1500ms) {
+      stop.store(true);
+    }
+  };
+  auto consumer = sim::ConsumerSim::start(std::move(options));
+  ASSERT_TRUE(consumer) << consumer.status().to_string();
+
+  ProducerArgs args;
+  args.consumer = (*consumer)->control_address();
+  args.admit = (*consumer)->admit_endpoint();
+  args.port = port;
+  args.requests = 40;
+  args.min_tokens = 2048;  // 4..8 MiB items (bf16, hidden 1024)
+  args.max_tokens = 4096;
+  args.pool = "256MiB";
+  auto spawned = ChildProcess::spawn(producer_argv(args));
+  ASSERT_TRUE(spawned) << spawned.status().to_string();
+  producer.emplace(std::move(*spawned));
+
+  const auto result = (*consumer)->run(&stop);
+  ASSERT_TRUE(killed) << "the producer finished before it could be killed";
+  EXPECT_EQ(producer->wait(5s).value_or(-1), 128 + SIGKILL);
+  EXPECT_FALSE(result.producer_done);
+  EXPECT_TRUE(stop.load()) << "the consumer ran into its deadline";
+  // Every admitted request resolved, within push_wait_timeout of the kill.
+  EXPECT_GE(result.progress.requests_admitted, admitted_at_kill);
+  EXPECT_EQ(result.progress.requests_ready + result.progress.requests_failed, result.progress.requests_admitted);
+  EXPECT_GT(result.progress.requests_failed, 0U) << "no request was waiting for a push when the producer died";
+  ASSERT_TRUE(all_resolved_at.has_value());
+  EXPECT_LE(*all_resolved_at - killed_at, seconds_to_duration(kPushWait) + 100ms);
+  // Nothing corrupted, nothing leaked.
+  EXPECT_EQ(result.content_mismatches, 0U);
+  EXPECT_EQ(result.checksum_mismatches, 0U);
+  EXPECT_EQ(result.live_reservations, 0U);
+  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  EXPECT_EQ(result.invariant_error, "");
+}
+
+// 2. The consumer process dies (SIGKILL) while the producer pushes, and comes back
+// on the same ports. The producer reports failed saves and exits within its deadline.
+TEST(ConsumerRestarted, ProducerReportsFailedSavesAndExitsInTime) {
+  const int port = free_port_block(1);
+  ASSERT_NE(port, 0);
+  const std::string config_path = ::testing::TempDir() + "/fault_consumer_" + std::to_string(::getpid()) + ".json";
+  {
+    std::ofstream out(config_path);
+    out << consumer_document(port, "256MiB").dump();
+  }
+  const std::vector<std::string> consumer_argv = {std::string(ECX_BINARY_DIR) + "/bin/ecx", "consumer", "--config",
+                                                  config_path};
+  auto wait_serving = [](ChildProcess& c) {
+    for (int i = 0; i < 20; ++i) {
+      auto line = c.read_line(1s);
+      if (line && line->find("serving") != std::string::npos) return true;
+      if (c.eof()) return false;
+    }
+    return false;
+  };
+  auto consumer = ChildProcess::spawn(consumer_argv);
+  ASSERT_TRUE(consumer) << consumer.status().to_string();
+  ASSERT_TRUE(wait_serving(*consumer));
+
+  AdmitChannel admit;
+  ProducerArgs args;
+  args.consumer = tcp_address("127.0.0.1", port);
+  args.admit = admit.endpoint();
+  args.port = port;
+  args.requests = 60;
+  args.min_tokens = 1024;  // 2..4 MiB items
+  args.max_tokens = 2048;
+  args.deadline_s = 20;
+  const auto started = std::chrono::steady_clock::now();
+  auto producer = ChildProcess::spawn(producer_argv(args));
+  ASSERT_TRUE(producer) << producer.status().to_string();
+
+  // Kill the consumer once the producer has finished its first requests (their
+  // pushes are then in flight).
+  auto first = admit.next(30s);
+  ASSERT_TRUE(first.has_value()) << "the producer never admitted a request";
+  consumer->signal(SIGKILL);
+  EXPECT_EQ(consumer->wait(5s).value_or(-1), 128 + SIGKILL);
+  auto restarted = ChildProcess::spawn(consumer_argv);
+  ASSERT_TRUE(restarted) << restarted.status().to_string();
+  EXPECT_TRUE(wait_serving(*restarted));
+
+  const auto result =
+      producer_result(*producer, std::chrono::milliseconds(static_cast<int>(args.deadline_s * 1000)) + 15s);
+  const auto exit_code = producer->wait(5s);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_TRUE(exit_code.has_value()) << "the producer hangs";
+  EXPECT_EQ(*exit_code, 0);
+  ASSERT_TRUE(result.has_value()) << "no result line";
+  EXPECT_GT(result->value("failed_saves", 0ULL), 0U) << result->dump();
+  EXPECT_LE(wall, args.deadline_s + 10.0) << result->dump();
+  // The restarted consumer still shuts down cleanly.
+  restarted->signal(SIGTERM);
+  EXPECT_EQ(restarted->wait(15s).value_or(-1), 0);
+  std::remove(config_path.c_str());
+}
+
+// 3. A pool far smaller than the workload: the consumer answers retry-after while it
+// is full, and every item is still delivered, bit-exact.
+TEST(PoolExhausted, BackPressureStillDeliversEveryItem) {
+  const int port = free_port_block(1);
+  ASSERT_NE(port, 0);
+  sim::ConsumerSimOptions options;
+  options.config = consumer_config(1, port, "8MiB");
+  options.deadline = 60s;
+  auto consumer = sim::ConsumerSim::start(std::move(options));
+  ASSERT_TRUE(consumer) << consumer.status().to_string();
+  ProducerArgs args;
+  args.consumer = (*consumer)->control_address();
+  args.admit = (*consumer)->admit_endpoint();
+  args.port = port;
+  args.requests = 50;
+  args.min_tokens = 512;  // 1..4 MiB items (bf16, hidden 1024)
+  args.max_tokens = 2048;
+  args.deadline_s = 50;
+  auto producer = ChildProcess::spawn(producer_argv(args));
+  ASSERT_TRUE(producer) << producer.status().to_string();
+
+  const auto result = (*consumer)->run();
+  const auto line = producer_result(*producer, 30s);
+  EXPECT_EQ(producer->wait(5s).value_or(-1), 0);
+  ASSERT_TRUE(line.has_value());
+  EXPECT_GT(line->value("retry_afters", 0ULL), 0U) << line->dump();
+  EXPECT_EQ(line->value("failed_saves", 1ULL), 0U) << line->dump();
+  ASSERT_TRUE(result.producer_done);
+  EXPECT_EQ(result.progress.requests_admitted, 50U);
+  EXPECT_EQ(result.progress.requests_ready, 50U);
+  EXPECT_EQ(result.progress.requests_failed, 0U);
+  EXPECT_EQ(result.items_ready, 50U);
+  EXPECT_EQ(result.content_mismatches, 0U);
+  EXPECT_EQ(result.checksum_mismatches, 0U);
+  EXPECT_EQ(result.live_reservations, 0U);
+  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  EXPECT_EQ(result.invariant_error, "");
+}
+
+// 4. One image in 50 requests: one write and one landing; every other transfer is a
+// follower of that write or a hit on its resident copy, and all 50 read the same
+// bit-exact content. The consumer is a bare shard here so its counters are visible.
+TEST(SameImageInFiftyRequests, OneWriteOneLandingEveryTransferServed) {
+  const int port = free_port_block(1);
+  ASSERT_NE(port, 0);
+  auto config = consumer_config(1, port, "64MiB");
+  auto shard = consumer::ConsumerShard::start(config);
+  ASSERT_TRUE(shard) << shard.status().to_string();
+  AdmitChannel admit;
+  ProducerArgs args;
+  args.consumer = config.control_address(0);
+  args.admit = admit.endpoint();
+  args.port = port;
+  args.requests = 50;
+  args.min_tokens = 512;  // one 1 MiB image
+  args.max_tokens = 512;
+  args.repeat = 1.0;  // every occurrence after the first repeats it
+  auto producer = ChildProcess::spawn(producer_argv(args));
+  ASSERT_TRUE(producer) << producer.status().to_string();
+
+  std::map<std::string, std::string> transfers;  // transfer_id -> mm_hash
+  bool done = false;
+  while (!done) {
+    auto message = admit.next(30s);
+    ASSERT_TRUE(message.has_value()) << "the producer stopped admitting";
+    if (message->value("done", false)) {
+      done = true;
+      break;
+    }
+    for (const auto& item : message->at("items")) {
+      transfers[item.at("transfer_id").get<std::string>()] = item.at("mm_hash").get<std::string>();
+    }
+  }
+  const auto line = producer_result(*producer, 30s);
+  EXPECT_EQ(producer->wait(5s).value_or(-1), 0);
+  ASSERT_TRUE(line.has_value());
+  EXPECT_EQ(line->value("failed_saves", 1ULL), 0U) << line->dump();
+  ASSERT_EQ(transfers.size(), 50U);
+  std::set<std::string> hashes;
+  for (const auto& [tid, hash] : transfers) hashes.insert(hash);
+  ASSERT_EQ(hashes.size(), 1U);
+
+  // Every transfer is served with the image's exact content.
+  std::size_t served = 0;
+  for (const auto& [tid, hash] : transfers) {
+    auto lease = (*shard)->take(tid, hash);
+    if (!lease) {
+      ADD_FAILURE() << tid << ": " << lease.status().to_string();
+      continue;
+    }
+    EXPECT_TRUE(sim::content_matches(hash, std::span<const std::byte>(lease->data(), lease->nbytes()))) << tid;
+    ++served;
+  }
+  EXPECT_EQ(served, 50U);
+  const auto c = (*shard)->counters().reservations;
+  EXPECT_EQ(c.reserved_writer, 1U);
+  EXPECT_EQ(c.landings_accepted, 1U);
+  EXPECT_EQ(c.landings_ready, 1U);
+  EXPECT_EQ(c.bytes_landed, 1U << 20);
+  EXPECT_EQ(c.reserved_follower + c.resident_hits, 49U)
+      << "followers " << c.reserved_follower << ", resident hits " << c.resident_hits;
+  EXPECT_EQ(c.checksum_mismatches, 0U);
+  EXPECT_TRUE((*shard)->check_invariants()) << (*shard)->check_invariants().to_string();
+}
+
+}  // namespace
+}  // namespace ecx::fault
