@@ -128,12 +128,13 @@ int run_bench_proxy(const BenchFlags& flags) {
   std::cout << fmt::format(
       "streaming chat completions, {} in flight, {} SSE events each {} us apart, {} requests per series\n",
       flags.options.concurrency, flags.options.chunks, flags.options.token_interval_us, flags.options.requests);
-  std::cout << fmt::format("{:<12} {:>10} {:>10} {:>12} {:>12} {:>10} {:>10} {:>7}\n", "series", "p50_us", "p99_us",
-                           "added_p50", "added_p99", "per_s", "ratio", "errors");
+  std::cout << fmt::format("{:<12} {:>10} {:>10} {:>12} {:>12} {:>10} {:>7} {:>10} {:>7}\n", "series", "p50_us",
+                           "p99_us", "added_p50", "added_p99", "per_s", "ratio", "cpu_us/req", "errors");
   nlohmann::json out = nlohmann::json::array();
   for (const auto& s : *results) {
-    std::cout << fmt::format("{:<12} {:>10.0f} {:>10.0f} {:>12.0f} {:>12.0f} {:>10.0f} {:>10.2f} {:>7}\n", s.series,
-                             s.p50_us, s.p99_us, s.added_p50_us, s.added_p99_us, s.per_s, s.ratio_vs_direct, s.errors);
+    std::cout << fmt::format("{:<12} {:>10.0f} {:>10.0f} {:>12.0f} {:>12.0f} {:>10.0f} {:>7.2f} {:>10.1f} {:>7}\n",
+                             s.series, s.p50_us, s.p99_us, s.added_p50_us, s.added_p99_us, s.per_s, s.ratio_vs_direct,
+                             s.cpu_us_per_request, s.errors);
     out.push_back({{"series", s.series},
                    {"p50_us", s.p50_us},
                    {"p99_us", s.p99_us},
@@ -141,6 +142,7 @@ int run_bench_proxy(const BenchFlags& flags) {
                    {"ratio_vs_direct", s.ratio_vs_direct},
                    {"added_p50_us", s.added_p50_us},
                    {"added_p99_us", s.added_p99_us},
+                   {"cpu_us_per_request", s.cpu_us_per_request},
                    {"requests", s.requests},
                    {"errors", s.errors},
                    {"concurrency", flags.options.concurrency}});

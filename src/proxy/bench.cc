@@ -1,6 +1,7 @@
 #include "ecx/proxy/bench.h"
 
 #include <algorithm>
+#include <ctime>
 #include <future>
 #include <thread>
 
@@ -138,11 +139,23 @@ struct SeriesSamples {
   std::vector<double> latencies_us;
   std::size_t errors = 0;
   double seconds = 0;
+  double cpu_seconds = 0;  // CPU time of the whole process (clients, fakes, proxy)
 };
 
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
 // One batch of `total` requests with `concurrency` clients in flight.
-std::pair<std::shared_ptr<LoadState>, double> run_batch(LoopThread& load, http::Client& client,
-                                                        const SeriesSamples& series, int total, int concurrency) {
+struct Batch {
+  std::shared_ptr<LoadState> state;
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+
+Batch run_batch(LoopThread& load, http::Client& client, const SeriesSamples& series, int total, int concurrency) {
   auto state = on_loop(load.io(), [&] {
     auto s = std::make_shared<LoadState>(load.io());
     s->total = total;
@@ -151,6 +164,7 @@ std::pair<std::shared_ptr<LoadState>, double> run_batch(LoopThread& load, http::
   });
   std::promise<void> finished;
   const auto start = Steady::now();
+  const double cpu_start = process_cpu_seconds();
   net::post(load.io(), [&] {
     state->wait.add(static_cast<std::size_t>(concurrency));
     for (int i = 0; i < concurrency; ++i) {
@@ -159,7 +173,7 @@ std::pair<std::shared_ptr<LoadState>, double> run_batch(LoopThread& load, http::
     http::spawn(load.io(), signal_when_done(state, &finished), "bench waiter");
   });
   finished.get_future().wait();
-  return {state, std::chrono::duration<double>(Steady::now() - start).count()};
+  return {state, std::chrono::duration<double>(Steady::now() - start).count(), process_cpu_seconds() - cpu_start};
 }
 
 }  // namespace
@@ -223,10 +237,12 @@ Result<std::vector<ProxyBenchSeries>> run_proxy_bench(const ProxyBenchOptions& o
   for (int round = 0; round < rounds; ++round) {
     const int share = options.requests / rounds + (round < options.requests % rounds ? 1 : 0);
     for (auto& series : samples) {
-      auto [state, seconds] = run_batch(load, *client, series, share, options.concurrency);
-      series.latencies_us.insert(series.latencies_us.end(), state->latencies_us.begin(), state->latencies_us.end());
-      series.errors += state->errors;
-      series.seconds += seconds;
+      const auto batch = run_batch(load, *client, series, share, options.concurrency);
+      series.latencies_us.insert(series.latencies_us.end(), batch.state->latencies_us.begin(),
+                                 batch.state->latencies_us.end());
+      series.errors += batch.state->errors;
+      series.seconds += batch.seconds;
+      series.cpu_seconds += batch.cpu_seconds;
     }
   }
   std::vector<ProxyBenchSeries> results;
@@ -238,6 +254,7 @@ Result<std::vector<ProxyBenchSeries>> run_proxy_bench(const ProxyBenchOptions& o
     out.p50_us = percentile(series.latencies_us, 0.50);
     out.p99_us = percentile(series.latencies_us, 0.99);
     out.per_s = series.seconds > 0 ? static_cast<double>(out.requests) / series.seconds : 0;
+    out.cpu_us_per_request = out.requests > 0 ? series.cpu_seconds * 1e6 / static_cast<double>(out.requests) : 0;
     results.push_back(out);
   }
 

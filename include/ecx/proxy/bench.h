@@ -33,6 +33,10 @@ struct ProxyBenchSeries {
   double ratio_vs_direct = 1;  // p50 latency / direct p50 latency
   double added_p50_us = 0;     // p50 - direct p50
   double added_p99_us = 0;     // p99 - direct p99
+  // CPU time of the whole process (clients, fakes and proxy) per request; the
+  // difference to "direct" is the proxy's own cost, and unlike latency it does not
+  // grow when other work competes for the cores.
+  double cpu_us_per_request = 0;
 };
 
 Result<std::vector<ProxyBenchSeries>> run_proxy_bench(const ProxyBenchOptions& options);
