@@ -46,15 +46,21 @@ TEST(ProducerKilled, WaitingRequestsBecomeUnavailableAndThePoolIsFreed) {
   TimePoint killed_at{};
   std::optional<TimePoint> all_resolved_at;
   std::uint64_t admitted_at_kill = 0;
+  std::string at_kill;
   std::optional<std::chrono::steady_clock::time_point> settle_since;
   options.on_step = [&](const sim::Progress& p) {
     if (!killed) {
-      // Kill while the pool holds reservations and admitted requests still wait.
-      if (p.requests_admitted > 0 && p.in_flight > 0 && p.pool_used_bytes > 0) {
+      // Kill while the pool holds reservations and a batch of admitted requests
+      // still waits (the producer admits a batch of 8 right after binding their
+      // sources: their 4..8 MiB payloads are then still on the wire).
+      if (p.in_flight >= 6 && p.pool_used_bytes > 0) {
         producer->signal(SIGKILL);
         killed = true;
         killed_at = clock->now();
         admitted_at_kill = p.requests_admitted;
+        at_kill = "at the kill: admitted " + std::to_string(p.requests_admitted) + ", ready " +
+                  std::to_string(p.requests_ready) + ", in flight " + std::to_string(p.in_flight) + ", pool used " +
+                  std::to_string(p.pool_used_bytes);
       }
       return;
     }
@@ -93,19 +99,27 @@ TEST(ProducerKilled, WaitingRequestsBecomeUnavailableAndThePoolIsFreed) {
   // Every admitted request resolved, within push_wait_timeout of the kill.
   EXPECT_GE(result.progress.requests_admitted, admitted_at_kill);
   EXPECT_EQ(result.progress.requests_ready + result.progress.requests_failed, result.progress.requests_admitted);
-  EXPECT_GT(result.progress.requests_failed, 0U) << "no request was waiting for a push when the producer died";
+  EXPECT_GT(result.progress.requests_failed, 0U)
+      << "no request was waiting for a push when the producer died; " << at_kill;
   ASSERT_TRUE(all_resolved_at.has_value());
   EXPECT_LE(*all_resolved_at - killed_at, seconds_to_duration(kPushWait) + 100ms);
   // Nothing corrupted, nothing leaked.
   EXPECT_EQ(result.content_mismatches, 0U);
   EXPECT_EQ(result.checksum_mismatches, 0U);
-  EXPECT_EQ(result.live_reservations, 0U);
-  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  // Known intermittent failure (about 1 run in 14 here): a rendezvous landing cut
+  // off by the kill is sometimes never reported by the transport, so its writer
+  // record stays open, the TTL cannot release it and the slot stays held.
+  EXPECT_EQ(result.live_reservations, 0U) << at_kill;
+  EXPECT_EQ(result.leaked_pool_bytes, 0U) << at_kill;
   EXPECT_EQ(result.invariant_error, "");
 }
 
 // 2. The consumer process dies (SIGKILL) while the producer pushes, and comes back
 // on the same ports. The producer reports failed saves and exits within its deadline.
+// Known failure: the producer's pushes do fail (its log counts them), but the demo's
+// result line counts failed_saves from WorkerMeta::failed_saves, which holds request
+// ids, and a push drops its request ids once the request finished (the simulated
+// encoder finishes every request right after saving), so the line says 0.
 TEST(ConsumerRestarted, ProducerReportsFailedSavesAndExitsInTime) {
   const int port = free_port_block(1);
   ASSERT_NE(port, 0);
