@@ -324,12 +324,13 @@ int run_demo(const DemoOptions& options) {
         break;
       }
     }
-    if (!producer_result) {
+    if (!producer_result && !producer->eof()) {
       if (auto line = producer->read_line(std::chrono::milliseconds(1))) {
         auto doc = json::parse(*line, nullptr, false);
         if (!doc.is_discarded() && doc.value("event", "") == "result") producer_result = doc;
       }
     }
+    if (consumer_result && producer->eof()) break;  // the producer ended (its summary, if any, was read)
   }
   if (tty) std::cout << "\n";
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));

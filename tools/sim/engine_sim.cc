@@ -160,6 +160,8 @@ struct ConsumerSim::State {
           break;
         }
         if (found->second.size() != item.spec.nbytes() || !content_matches(item.mm_hash, found->second)) {
+          log->error("rank {}: request {}: the encoder cache holds {} bytes for {} that differ from what was encoded",
+                     rank, p.view.request_id, found->second.size(), item.mm_hash);
           ++result.content_mismatches;
           ok = false;
         } else if (rank == 0) {
@@ -211,7 +213,10 @@ struct ConsumerSim::State {
       for (auto& cache : caches) cache.erase(h);
     }
     if (merged) scheduler->update_connector_output(merged->to_output());
-    for (const auto& id : scheduler->take_unavailable_requests()) resolve(id, false);
+    for (const auto& id : scheduler->take_unavailable_requests()) {
+      log->warn("request {} failed: the scheduler reports an input it cannot obtain", id);
+      resolve(id, false);
+    }
   }
 
   Progress snapshot(TimePoint started) {
@@ -383,15 +388,15 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       admit.send(zmq::buffer(text), zmq::send_flags::none);
       ++result.requests;
     }
-    if (auto m = worker.build_worker_meta()) {
-      result.failed_saves += m->failed_saves.size();
-      scheduler.update_connector_output(m->to_output());
-    }
+    if (auto m = worker.build_worker_meta()) scheduler.update_connector_output(m->to_output());
     if (next >= workload.size() && !worker.push_engine()->pending()) break;
     if (batch.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;
+  // Counted from the push engine: a failure after its request finished names no
+  // request any more, so the worker metadata's failed_saves would miss it.
+  result.failed_saves = counters.pushes.failed + counters.topology_failures + counters.staging_failures;
   log->info(
       "producer: {} submitted, {} sources bound ({} unused), pushes {} started / {} done / {} failed / {} active, "
       "{} payloads sent, {} I/O in flight, {} discovery failures, {} staging failures",
