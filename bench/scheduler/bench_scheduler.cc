@@ -2,7 +2,8 @@
 // stay flat in table size: compare each figure with the 100-record one of the
 // same run. The workloads (scheduler_fixtures.h) use realistic key lengths and
 // touch 1,024 distinct keys at every size, so the larger tables pay their real
-// cache misses; the same workloads run under callgrind in scheduler_opcount.
+// cache misses; the same workloads run under callgrind in scheduler_opcount
+// (callgrind_opcount.sh).
 
 #include <benchmark/benchmark.h>
 
@@ -13,18 +14,16 @@ namespace ecx::scheduler::bench {
 namespace {
 
 void BM_HasCacheItem(benchmark::State& state) {
-  CoordinatorFixture f(state.range(0));
-  ProbeRing<std::string> probes(hash_probes(state.range(0)));
-  for (auto _ : state) benchmark::DoNotOptimize(f.coordinator->has_cache_item(probes.next()));
-  state.counters["live"] = static_cast<double>(f.coordinator->table().live_count());
+  HasCacheItemLoop loop(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(loop.step());
+  state.counters["live"] = static_cast<double>(loop.fixture.coordinator->table().live_count());
 }
 
 // A deferred request re-checked every step: each item waits for its push.
 void BM_EnsureCacheAvailable(benchmark::State& state) {
-  CoordinatorFixture f(state.range(0));
-  ProbeRing<RequestView> requests(waiting_requests(f, state.range(1)));
-  for (auto _ : state) benchmark::DoNotOptimize(f.coordinator->ensure_cache_available(requests.next(), 0));
-  state.counters["live"] = static_cast<double>(f.coordinator->table().live_count());
+  EnsureLoop loop(state.range(0), state.range(1));
+  for (auto _ : state) benchmark::DoNotOptimize(loop.step());
+  state.counters["live"] = static_cast<double>(loop.fixture.coordinator->table().live_count());
 }
 
 // One readiness for a new transfer among `live` others; the transfer is then

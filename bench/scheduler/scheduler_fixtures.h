@@ -5,10 +5,13 @@
 // Realistic keys: transfer ids are 32 hex digits (what the proxy mints), mm_hashes
 // 64 (a hex digest, as the engine's item hashes are) — too long for a string's
 // inline buffer, as in production. Every workload touches the same number of
-// distinct keys at every table size (kWorkingSet), so a larger table costs only
-// what the table itself costs: its index spread over more memory.
+// distinct table keys at every table size (kWorkingSet), so a larger table costs
+// only what the table itself costs: its records and indexes spread over more
+// memory. The benchmark's own inputs stay hot, as the engine's are (it builds the
+// strings it passes just before the call): a key is a fixed prefix and a 6-digit
+// hex tail, and each call rewrites the tail of one reused string in place, so no
+// store of benchmark keys competes with the table for the cache.
 
-#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -39,41 +42,35 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
   return x ^ (x >> 31);
 }
 
-inline std::string hex_key(std::uint64_t seed, int words) {
-  static constexpr char kDigits[] = "0123456789abcdef";
+inline constexpr char kHexDigits[] = "0123456789abcdef";
+inline constexpr std::size_t kTailDigits = 6;  // up to 16^6 keys per key space
+
+// Overwrites the last kTailDigits characters of `key` with the hex digits of `index`.
+inline void set_tail(std::string& key, std::uint64_t index) {
+  for (std::size_t d = 1; d <= kTailDigits; ++d, index >>= 4) key[key.size() - d] = kHexDigits[index & 15];
+}
+
+// Key `index` of key space `space`: 16 * `words` hex digits.
+inline std::string make_key(std::uint64_t space, int words, std::uint64_t index) {
   std::string out(static_cast<std::size_t>(words) * 16, '0');
   for (int w = 0; w < words; ++w) {
-    std::uint64_t v = mix(seed * 4 + static_cast<std::uint64_t>(w));
-    for (int d = 0; d < 16; ++d, v >>= 4) out[static_cast<std::size_t>(w * 16 + d)] = kDigits[v & 15];
+    std::uint64_t v = mix(space * 4 + static_cast<std::uint64_t>(w));
+    for (int d = 0; d < 16; ++d, v >>= 4) out[static_cast<std::size_t>(w * 16 + d)] = kHexDigits[v & 15];
   }
+  set_tail(out, index);
   return out;
 }
 
-// Key spaces: the table's records, and fresh keys created by a workload.
-inline std::string transfer_id(std::uint64_t i) { return hex_key(i, 2); }
-inline std::string mm_hash(std::uint64_t i) { return hex_key(i + (1ull << 40), 4); }
-inline std::string fresh_transfer_id(std::uint64_t i) { return hex_key(i + (2ull << 40), 2); }
-inline std::string fresh_mm_hash(std::uint64_t i) { return hex_key(i + (3ull << 40), 4); }
+// Key spaces: the table's records, fresh records a workload creates, requests.
+inline std::string transfer_id(std::uint64_t i) { return make_key(1, 2, i); }
+inline std::string mm_hash(std::uint64_t i) { return make_key(2, 4, i); }
+inline std::string fresh_transfer_id(std::uint64_t i) { return make_key(3, 2, i); }
+inline std::string fresh_mm_hash(std::uint64_t i) { return make_key(4, 4, i); }
+inline std::string request_id(std::uint64_t i) { return "req-" + make_key(5, 2, i); }
 
 inline TensorSpec small_spec() { return *TensorSpec::make({4, 16}, DType::bfloat16, 1ull << 40); }
 
 inline TableLimits bench_limits() { return TableLimits{300s, kTombstoneBound, 1ull << 40}; }
-
-// Cycles through a fixed set of values.
-template <typename T>
-class ProbeRing {
- public:
-  explicit ProbeRing(std::vector<T> values) : values_(std::move(values)) {}
-  const T& next() {
-    const T& value = values_[at_];
-    if (++at_ == values_.size()) at_ = 0;
-    return value;
-  }
-
- private:
-  std::vector<T> values_;
-  std::size_t at_ = 0;
-};
 
 // Queues readiness events handed out by drain().
 class QueueEvents final : public EventSource {
@@ -119,38 +116,60 @@ struct CoordinatorFixture {
   std::unique_ptr<SchedulerCoordinator> coordinator;
 };
 
-// kWorkingSet probes of the table's hashes, spread over the whole table (with
-// repeats when it holds fewer records).
-inline std::vector<std::string> hash_probes(std::int64_t live) {
-  std::vector<std::string> probes;
-  for (std::size_t k = 0; k < kWorkingSet; ++k) probes.push_back(mm_hash(mix(k) % static_cast<std::uint64_t>(live)));
-  return probes;
-}
+// has_cache_item for kWorkingSet hashes of the table, spread over all of it
+// (with repeats when it holds fewer records).
+struct HasCacheItemLoop {
+  explicit HasCacheItemLoop(std::int64_t live) : fixture(live) {
+    for (std::size_t k = 0; k < kWorkingSet; ++k) records.push_back(mix(k) % static_cast<std::uint64_t>(live));
+  }
+  bool step() {
+    set_tail(probe, records[next]);
+    if (++next == records.size()) next = 0;
+    return fixture.coordinator->has_cache_item(probe);
+  }
+  CoordinatorFixture fixture;
+  std::vector<std::uint64_t> records;
+  std::size_t next = 0;
+  std::string probe = mm_hash(0);
+};
 
 // Deferred requests re-checked every step, each item waiting for its push:
-// kWorkingSet waiting transfers in all, whatever the items per request.
-inline std::vector<RequestView> waiting_requests(CoordinatorFixture& f, std::int64_t items) {
-  std::vector<RequestView> requests;
-  const std::size_t count = kWorkingSet / static_cast<std::size_t>(items);
-  for (std::size_t r = 0; r < count; ++r) {
-    RequestView view;
-    view.request_id = "req-" + hex_key(r + (4ull << 40), 2);
+// kWorkingSet waiting transfers in all, whatever the items per request. The
+// request object is rewritten in place to name the next request and its items.
+struct EnsureLoop {
+  EnsureLoop(std::int64_t live, std::int64_t items_per_request)
+      : fixture(live),
+        items(static_cast<std::size_t>(items_per_request)),
+        requests(kWorkingSet / static_cast<std::size_t>(items_per_request)) {
+    view.request_id = request_id(0);
     nlohmann::json ec_items = nlohmann::json::array();
-    for (std::int64_t k = 0; k < items; ++k) {
-      const std::uint64_t key = r * static_cast<std::uint64_t>(items) + static_cast<std::uint64_t>(k);
+    for (std::size_t k = 0; k < items; ++k) {
       MmFeature feature;
-      feature.identifier = fresh_mm_hash(key);
-      feature.offset = k * 10;
+      feature.identifier = fresh_mm_hash(0);
+      feature.offset = static_cast<std::int64_t>(k) * 10;
       feature.length = 10;
       view.mm_features.push_back(feature);
-      ec_items.push_back({{"transfer_id", fresh_transfer_id(key)}});
+      ec_items.push_back({{"transfer_id", fresh_transfer_id(0)}});
     }
     view.set_ec_transfer_params(nlohmann::json{{"ec_items", ec_items}});
-    f.coordinator->ensure_cache_available(view, 0);
-    requests.push_back(std::move(view));
+    for (std::size_t r = 0; r < requests; ++r) step();  // every transfer now waits
   }
-  return requests;
-}
+  bool step() {
+    set_tail(view.request_id, next);
+    for (std::size_t k = 0; k < items; ++k) {
+      const std::uint64_t key = next * items + k;
+      set_tail(view.mm_features[k].identifier, key);
+      set_tail(*view.ec_transfer_params->items[k].transfer_id, key);
+    }
+    if (++next == requests) next = 0;
+    return fixture.coordinator->ensure_cache_available(view, 0);
+  }
+  CoordinatorFixture fixture;
+  std::size_t items;
+  std::size_t requests;
+  std::size_t next = 0;
+  RequestView view;
+};
 
 // A table with `live` available records.
 inline std::unique_ptr<TransferTable> make_table(std::int64_t live, TimePoint now) {
@@ -162,23 +181,17 @@ inline std::unique_ptr<TransferTable> make_table(std::int64_t live, TimePoint no
   return table;
 }
 
-// Fresh keys for records a workload creates and then retires. Twice the
-// tombstone bound: a key comes round again only after its tombstone is gone.
+// Fresh keys for records a workload creates and then retires. They repeat after
+// twice the tombstone bound, when the tombstone of their last use is gone.
 struct FreshKeys {
-  FreshKeys() {
-    for (std::size_t i = 0; i < 2 * kTombstoneBound; ++i) {
-      transfer_ids.push_back(fresh_transfer_id(i));
-      mm_hashes.push_back(fresh_mm_hash(i));
-    }
+  void next() {
+    set_tail(transfer_id, at);
+    set_tail(mm_hash, at);
+    if (++at == 2 * kTombstoneBound) at = 0;
   }
-  std::size_t next() {
-    const std::size_t i = at;
-    if (++at == transfer_ids.size()) at = 0;
-    return i;
-  }
-  std::vector<std::string> transfer_ids;
-  std::vector<std::string> mm_hashes;
-  std::size_t at = 0;
+  std::string transfer_id = fresh_transfer_id(0);
+  std::string mm_hash = fresh_mm_hash(0);
+  std::uint64_t at = 0;
 };
 
 // One readiness for a new transfer among `live` others; the transfer is then
@@ -186,9 +199,9 @@ struct FreshKeys {
 struct ObserveReadyLoop {
   explicit ObserveReadyLoop(std::int64_t live) : table(make_table(live, now)) {}
   void step() {
-    const std::size_t k = keys.next();
-    keep(table->observe_ready(LoadSpec{keys.mm_hashes[k], keys.transfer_ids[k], spec, false}, now));
-    keep(table->cancel(keys.transfer_ids[k], now));
+    keys.next();
+    keep(table->observe_ready(LoadSpec{keys.mm_hash, keys.transfer_id, spec, false}, now));
+    keep(table->cancel(keys.transfer_id, now));
   }
   TimePoint now = TimePoint{} + 1h;
   std::unique_ptr<TransferTable> table;
@@ -207,17 +220,17 @@ struct ExpireLoop {
   }
   void one_due() {
     cancels.clear();
-    const std::size_t k = keys.next();
-    table->wait_for_event(keys.transfer_ids[k], request_id, keys.mm_hashes[k], now, now);
+    keys.next();
+    table->wait_for_event(keys.transfer_id, request, keys.mm_hash, now, now);
     table->expire(now, cancels);
-    table->forget_pending_request(request_id);  // the engine takes the notification each step
+    table->forget_pending_request(request);  // the engine takes the notification each step
     keep(cancels.data());
   }
   TimePoint now = TimePoint{} + 1h;
   std::unique_ptr<TransferTable> table;
   FreshKeys keys;
   std::vector<std::string> cancels;
-  std::string request_id = "req-" + hex_key(5ull << 40, 2);
+  std::string request = request_id(0);
 };
 
 }  // namespace ecx::scheduler::bench

@@ -37,14 +37,11 @@ void measure(std::size_t calls, Op&& op) {
 
 int run(std::string_view operation, std::int64_t live, std::size_t calls) {
   if (operation == "has_cache_item") {
-    CoordinatorFixture f(live);
-    ProbeRing<std::string> probes(hash_probes(live));
-    measure(calls, [&] { keep(f.coordinator->has_cache_item(probes.next())); });
+    HasCacheItemLoop loop(live);
+    measure(calls, [&] { keep(loop.step()); });
   } else if (operation == "ensure1" || operation == "ensure8") {
-    CoordinatorFixture f(live);
-    auto requests = waiting_requests(f, operation == "ensure1" ? 1 : 8);
-    ProbeRing<RequestView> ring(std::move(requests));
-    measure(calls, [&] { keep(f.coordinator->ensure_cache_available(ring.next(), 0)); });
+    EnsureLoop loop(live, operation == "ensure1" ? 1 : 8);
+    measure(calls, [&] { keep(loop.step()); });
   } else if (operation == "observe_ready") {
     ObserveReadyLoop loop(live);
     measure(calls, [&] { loop.step(); });

@@ -4,6 +4,13 @@
 // operation costs O(1) or O(records it touches) (amortised). Single-threaded: the
 // SchedulerCoordinator owns it and calls it from the engine's scheduler thread.
 //
+// The cost is also flat in the table's size (bench/scheduler): records and
+// per-hash entries live in pools that reuse dropped ones (no allocation per
+// record at steady state), and both lookups (transfer id, mm_hash) go through
+// open-addressing indexes with each key hashed once per operation
+// (table_storage.h), so a lookup in 100,000 records touches the same few cache
+// lines as in 100.
+//
 // States (terminal: unavailable, expired, failed, cancelled):
 //   waiting_event → {available, unavailable, cancelled}
 //   available     → {loading, expired, cancelled}
@@ -151,6 +158,8 @@ class TransferTable {
   TransferTable& operator=(const TransferTable&) = delete;
 
   // --- queries
+  // The record stays at this address until it is dropped (a tombstone past its
+  // TTL or beyond the bound); its storage then serves a later record.
   const TransferRecord* find(std::string_view transfer_id) const;
   // Whether any record of `mm_hash` is in one of `states` (live states only). O(1).
   bool has_state(std::string_view mm_hash, StateMask states) const;
