@@ -256,6 +256,10 @@ TEST_F(ShardFaults, PayloadOfTheWrongSizeIsRejectedAndThePoolIsIntact) {
     const auto bad_sum = XXH64(wrong.data(), wrong.size(), 0);
     (void)send(header_for("t-liar", liar, n, bad_sum), "h-liar", n);
   }
+  // The sender's completion can come before the receiver's landing callback has
+  // verified the checksum: wait for the verdict, not a fixed time.
+  EXPECT_TRUE(wait_counter(&consumer::ReservationCounters::checksum_mismatches,
+                           before.reservations.checksum_mismatches + 1));
   const auto after = shard_->counters();
   // All three lies refused by the data plane's landing check (some by the shard's
   // header/size check before the reservation manager sees them).
