@@ -47,6 +47,10 @@ struct TopologyResult {
   std::string base;
   Result<control::Topology> topology;
 };
+struct TopologyRefresh {
+  std::string base;
+  Result<control::Topology> topology;
+};
 struct ReserveResult {
   std::string base;
   std::vector<std::pair<std::string, int>> items;  // (transfer id, shard) in request order
@@ -64,7 +68,7 @@ struct CancelResult {
   Status status;
 };
 using InboxItem = std::variant<SubmitCommand, BindCommand, FinishedCommand, AbandonSourcelessCommand, TopologyResult,
-                               ReserveResult, PayloadResult, CancelResult>;
+                               TopologyRefresh, ReserveResult, PayloadResult, CancelResult>;
 
 ReserveReply to_reply(const wire::ReserveResult& r) {
   switch (r.outcome) {
@@ -200,12 +204,19 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     if (!cached) return nullptr;
     return &(topologies[base] = std::move(*cached));
   }
-  void forget_topology(const std::string& base) {
-    if (topologies.erase(base) > 0) {
-      client->forget_topology(base);
-      log->info("forgetting the topology of consumer {} after a failure; the next push discovers it again", base);
-    }
+  // A shard failed in a way that may mean the consumer restarted (new data-plane
+  // addresses): discover it again in the background. The known topology stays in use
+  // until the new one arrives, so pushes in flight are not failed for lack of it.
+  void refresh_topology(const std::string& base) {
+    if (!refreshing.insert(base).second) return;
+    log->info("re-discovering consumer {} after a shard failure", base);
+    client->forget_topology(base);
+    std::weak_ptr<State> weak = weak_from_this();
+    client->discover_async(base, config.control_timeout(), [weak, base](Result<control::Topology> topology) {
+      if (auto s = weak.lock()) s->enqueue(TopologyRefresh{base, std::move(topology)});
+    });
   }
+  std::set<std::string> refreshing;
   std::map<std::string, control::Topology> topologies;
 
   void start_push(const PushSpec& spec, int shards, Actions& actions) {
@@ -241,6 +252,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         if (auto s = weak.lock()) s->enqueue(TopologyResult{base, std::move(topology)});
       });
     }
+  }
+
+  void handle(TopologyRefresh& result, Actions&) {
+    refreshing.erase(result.base);
+    if (result.topology) topologies[result.base] = std::move(*result.topology);
   }
 
   void handle(TopologyResult& result, Actions& actions) {
@@ -302,7 +318,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 
   void handle(ReserveResult& result, Actions& actions) {
     if (!result.reply) {
-      forget_topology(result.base);
+      refresh_topology(result.base);
       for (const auto& [tid, shard] : result.items) {
         actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{result.reply.status()}));
       }
@@ -322,7 +338,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   void handle(PayloadResult& result, Actions& actions) {
-    if (!result.status && result.status.code() != StatusCode::timeout) forget_topology(result.base);
+    // Only a peer failure suggests a restarted consumer; a refused payload (the
+    // consumer no longer wants it) or a deadline does not.
+    if (result.status.code() == StatusCode::unavailable) refresh_topology(result.base);
     actions.append(pushes.on_payload_result(result.transfer_id, result.shard, result.status));
   }
 
@@ -399,7 +417,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       }
       auto endpoint = transport->connect(data.address);
       if (!endpoint) {
-        forget_topology(p.consumer_address);
+        refresh_topology(p.consumer_address);
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, endpoint.status()));
         continue;
       }
