@@ -258,8 +258,8 @@ TEST_F(ShardFaults, PayloadOfTheWrongSizeIsRejectedAndThePoolIsIntact) {
   }
   // The sender's completion can come before the receiver's landing callback has
   // verified the checksum: wait for the verdict, not a fixed time.
-  EXPECT_TRUE(wait_counter(&consumer::ReservationCounters::checksum_mismatches,
-                           before.reservations.checksum_mismatches + 1));
+  EXPECT_TRUE(
+      wait_counter(&consumer::ReservationCounters::checksum_mismatches, before.reservations.checksum_mismatches + 1));
   const auto after = shard_->counters();
   // All three lies refused by the data plane's landing check (some by the shard's
   // header/size check before the reservation manager sees them).
