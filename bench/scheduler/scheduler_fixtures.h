@@ -8,7 +8,7 @@
 // distinct table keys at every table size (kWorkingSet), so a larger table costs
 // only what the table itself costs: its records and indexes spread over more
 // memory. The benchmark's own inputs stay hot, as the engine's are (it builds the
-// strings it passes just before the call): a key is a fixed prefix and a 6-digit
+// strings it passes just before the call): a key is a fixed prefix and an 8-digit
 // hex tail, and each call rewrites the tail of one reused string in place, so no
 // store of benchmark keys competes with the table for the cache.
 
@@ -43,7 +43,7 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 }
 
 inline constexpr char kHexDigits[] = "0123456789abcdef";
-inline constexpr std::size_t kTailDigits = 6;  // up to 16^6 keys per key space
+inline constexpr std::size_t kTailDigits = 8;  // up to 16^8 keys per key space
 
 // Overwrites the last kTailDigits characters of `key` with the hex digits of `index`.
 inline void set_tail(std::string& key, std::uint64_t index) {
@@ -181,13 +181,14 @@ inline std::unique_ptr<TransferTable> make_table(std::int64_t live, TimePoint no
   return table;
 }
 
-// Fresh keys for records a workload creates and then retires. They repeat after
-// twice the tombstone bound, when the tombstone of their last use is gone.
+// Fresh keys for records a workload creates and then retires. Like real
+// transfer ids they never repeat (within 16^8 calls), so each lands on index
+// slots no earlier call warmed.
 struct FreshKeys {
   void next() {
     set_tail(transfer_id, at);
     set_tail(mm_hash, at);
-    if (++at == 2 * kTombstoneBound) at = 0;
+    ++at;
   }
   std::string transfer_id = fresh_transfer_id(0);
   std::string mm_hash = fresh_mm_hash(0);

@@ -141,6 +141,13 @@ const TransferRecord* TransferTable::find(std::string_view transfer_id) const {
   return const_cast<TransferTable*>(this)->find_mutable(transfer_id);
 }
 
+TransferTable::KeyHashes TransferTable::hash_keys(std::string_view transfer_id, std::string_view mm_hash) const {
+  const KeyHashes hashes{detail::key_hash(transfer_id), hash_of(mm_hash)};
+  by_id_.prefetch(hashes.id);
+  if (!mm_hash.empty()) by_hash_.prefetch(hashes.mm_hash);
+  return hashes;
+}
+
 TransferRecord* TransferTable::find_mutable(std::string_view transfer_id) {
   return find_mutable(transfer_id, detail::key_hash(transfer_id));
 }
@@ -174,21 +181,21 @@ bool TransferTable::has_state(std::string_view mm_hash, StateMask states) const 
   return false;
 }
 
-TransferRecord& TransferTable::create(std::string_view transfer_id, std::uint64_t id_hash, std::string_view request_id,
+TransferRecord& TransferTable::create(std::string_view transfer_id, KeyHashes hashes, std::string_view request_id,
                                       std::string_view mm_hash) {
   const std::uint32_t id = records_.acquire();
   TransferRecord& r = records_[id];
   // A reused record keeps its strings' and vectors' capacity (release reset the rest).
   r.pool_id_ = id;
   r.in_use_ = true;
-  r.id_hash_ = id_hash;
+  r.id_hash_ = hashes.id;
   r.transfer_id_.assign(transfer_id);
   r.request_id_.assign(request_id);
   r.mm_hash_.assign(mm_hash);
-  r.mm_hash_hash_ = mm_hash.empty() ? 0 : detail::key_hash(mm_hash);
+  r.mm_hash_hash_ = hashes.mm_hash;
   r.state_ = TransferState::waiting_event;
   r.sequence_ = next_sequence_++;
-  by_id_.insert(id_hash, id);
+  by_id_.insert(hashes.id, id);
   return r;
 }
 
@@ -343,10 +350,11 @@ void TransferTable::erase_record(TransferRecord& r) {
 const TransferRecord* TransferTable::wait_for_event(std::string_view transfer_id, std::string_view request_id,
                                                     std::string_view mm_hash, TimePoint now, TimePoint deadline,
                                                     bool invented_name) {
+  // A request re-checked every step finds its record: no second hash for that.
   const std::uint64_t id_hash = detail::key_hash(transfer_id);
   TransferRecord* r = find_mutable(transfer_id, id_hash);
   if (r == nullptr) {
-    r = &create(transfer_id, id_hash, request_id, mm_hash);
+    r = &create(transfer_id, {id_hash, hash_of(mm_hash)}, request_id, mm_hash);
     r->deadline_ = deadline;
     r->invented_name_ = invented_name;
     r->waiters_.emplace_back(request_id);
@@ -374,10 +382,10 @@ const TransferRecord* TransferTable::wait_for_event(std::string_view transfer_id
 }
 
 bool TransferTable::observe_ready(LoadSpec spec, TimePoint now) {
-  const std::uint64_t id_hash = detail::key_hash(spec.transfer_id);
-  TransferRecord* r = find_mutable(spec.transfer_id, id_hash);
+  const KeyHashes hashes = hash_keys(spec.transfer_id, spec.mm_hash);
+  TransferRecord* r = find_mutable(spec.transfer_id, hashes.id);
   if (r == nullptr) {
-    r = &create(spec.transfer_id, id_hash, {}, spec.mm_hash);
+    r = &create(spec.transfer_id, hashes, {}, spec.mm_hash);
     enter_state(*r, now);
   }
   if (r->state_ != TransferState::waiting_event || r->mm_hash_ != spec.mm_hash) {
@@ -396,10 +404,10 @@ bool TransferTable::observe_ready(LoadSpec spec, TimePoint now) {
 }
 
 bool TransferTable::observe_abandoned(std::string_view transfer_id, std::string_view mm_hash, TimePoint now) {
-  const std::uint64_t id_hash = detail::key_hash(transfer_id);
-  TransferRecord* r = find_mutable(transfer_id, id_hash);
+  const KeyHashes hashes = hash_keys(transfer_id, mm_hash);
+  TransferRecord* r = find_mutable(transfer_id, hashes.id);
   if (r == nullptr) {
-    r = &create(transfer_id, id_hash, {}, mm_hash);
+    r = &create(transfer_id, hashes, {}, mm_hash);
     enter_state(*r, now);
   }
   if (r->state_ != TransferState::waiting_event) return false;
@@ -541,7 +549,7 @@ bool TransferTable::cancel(std::string_view transfer_id, TimePoint now, std::str
   TransferRecord* r = find_mutable(transfer_id, id_hash);
   if (r == nullptr) {
     // A tombstone against a readiness event that may still be on its way.
-    r = &create(transfer_id, id_hash, request_id, mm_hash);
+    r = &create(transfer_id, {id_hash, hash_of(mm_hash)}, request_id, mm_hash);
     enter_state(*r, now);
     return transition(*r, S::cancelled, now);
   }

@@ -38,6 +38,11 @@ class FlatIndex {
       if (slot.tag == tag && matches(slot.id)) return slot.id;
     }
   }
+  // Starts loading the slot a lookup of `hash` reads first, so that independent
+  // lookups wait for memory together rather than one after the other.
+  void prefetch(std::uint64_t hash) const noexcept {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[hash & mask_]);
+  }
   // `id` must not be in the index yet.
   void insert(std::uint64_t hash, std::uint32_t id);
   // Removes `id` (stored under `hash`); false when it is not there.

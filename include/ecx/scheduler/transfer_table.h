@@ -274,13 +274,24 @@ class TransferTable {
     std::uint64_t sequence;  // tells a record reused since it was queued
   };
 
+  struct KeyHashes {
+    std::uint64_t id;
+    std::uint64_t mm_hash;  // 0 for no mm_hash (never indexed)
+  };
+  static std::uint64_t hash_of(std::string_view mm_hash) noexcept {
+    return mm_hash.empty() ? 0 : detail::key_hash(mm_hash);
+  }
+  // For operations that mostly create a record (readiness, abandoned events):
+  // both hashes up front and both index slots fetched at once, so a new
+  // transfer waits for memory once rather than twice.
+  KeyHashes hash_keys(std::string_view transfer_id, std::string_view mm_hash) const;
   TransferRecord* find_mutable(std::string_view transfer_id);
   TransferRecord* find_mutable(std::string_view transfer_id, std::uint64_t hash);
   std::uint32_t find_hash_id(std::string_view mm_hash, std::uint64_t hash) const;
   const HashIndex* find_hash(std::string_view mm_hash) const;
   void attach_hash(TransferRecord& record);
   void detach_hash(TransferRecord& record);
-  TransferRecord& create(std::string_view transfer_id, std::uint64_t id_hash, std::string_view request_id,
+  TransferRecord& create(std::string_view transfer_id, KeyHashes hashes, std::string_view request_id,
                          std::string_view mm_hash);
   // Validated state change; false (and the record failed) when not allowed.
   bool transition(TransferRecord& record, TransferState to, TimePoint now);
