@@ -72,25 +72,6 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
   return parse_config(doc.dump(), layout);
 }
 
-// A free block of `count` consecutive TCP ports on 127.0.0.1 (probed by binding).
-int free_port_block(int count) {
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    const int base = 20000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919U + attempt * 104729U) % 30000U);
-    bool ok = true;
-    for (int p = base; p < base + count && ok; ++p) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<std::uint16_t>(p));
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      ::close(fd);
-    }
-    if (ok) return base;
-  }
-  return 0;
-}
-
 std::uint64_t rss_bytes() {
   std::ifstream statm("/proc/self/statm");
   std::uint64_t pages = 0, resident = 0;
@@ -227,7 +208,7 @@ void render_progress(const json& p, bool tty) {
 
 int run_demo(const DemoOptions& options) {
   DemoOptions o = options;
-  if (o.port == 0) o.port = free_port_block(o.tp);
+  if (o.port == 0) o.port = sim::free_port_block(o.tp);
   if (o.port == 0) {
     std::cerr << "ecx demo: no free block of ports on 127.0.0.1\n";
     return 1;

@@ -23,25 +23,7 @@
 namespace ecx::fault {
 
 using json = nlohmann::json;
-
-// A block of `count` consecutive free TCP ports on 127.0.0.1 (probed by binding).
-inline int free_port_block(int count) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 30000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 613U + attempt * 7919U) % 25000U);
-    bool ok = true;
-    for (int p = base; p < base + count && ok; ++p) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<std::uint16_t>(p));
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      ::close(fd);
-    }
-    if (ok) return base;
-  }
-  return 0;
-}
+using sim::free_port_block;
 
 // The --ec-transfer-config document of a CPU-pool consumer on 127.0.0.1.
 inline json consumer_document(int port, const std::string& pool, const json& extra_overrides = json::object()) {

@@ -1,9 +1,12 @@
 #include "sim/process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +26,25 @@ std::string self_executable() {
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) return {};
   return std::string(path, static_cast<std::size_t>(n));
+}
+
+int free_port_block(int count) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    // Spread by pid so concurrent test processes start their search apart.
+    const int base = 20000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919U + attempt * 104729U) % 35000U);
+    bool ok = true;
+    for (int p = base; p < base + count && ok; ++p) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<std::uint16_t>(p));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      if (fd >= 0) ::close(fd);
+    }
+    if (ok) return base;
+  }
+  return 0;
 }
 
 Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {

@@ -49,4 +49,9 @@ class ChildProcess {
 // The path of the running executable.
 std::string self_executable();
 
+// The first port of a block of `count` consecutive free TCP ports on 127.0.0.1
+// (probed by binding; another process may still take one before it is used); 0 when
+// none was found.
+int free_port_block(int count);
+
 }  // namespace ecx::sim

@@ -20,24 +20,6 @@ namespace {
 
 using json = nlohmann::json;
 
-int free_port_block(int count) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int base = 30000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 131U + attempt * 7919U) % 25000U);
-    bool ok = true;
-    for (int p = base; p < base + count && ok; ++p) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<std::uint16_t>(p));
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      ::close(fd);
-    }
-    if (ok) return base;
-  }
-  return 0;
-}
-
 struct Workload {
   int requests = 200;
   int min_tokens = 32;    // 32 x 1024 x 2 B = 64 KiB
