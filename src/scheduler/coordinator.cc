@@ -314,6 +314,22 @@ void SchedulerCoordinator::mark_request_unavailable(std::string_view request_id)
   malformed_pending_.emplace(request_id);
 }
 
+void SchedulerCoordinator::reload_reallocated(std::string_view mm_hash, const std::string& request_id, TimePoint now) {
+  if (table_.begin_load(mm_hash, std::nullopt, request_id, now, now + options_.push_wait_timeout)) {
+    pending_work_ = true;
+    logger()->debug("EC mm_hash={} was evicted and allocated again in one step; reloading it for request {}",
+                    shorten(mm_hash), shorten(request_id));
+    return;
+  }
+  // Nothing holds a copy any more: the engine would find its cache entry empty.
+  logger()->warn(
+      "EC mm_hash={} was evicted and allocated again in one step, and no copy is left to reload; request {} fails "
+      "with a retryable error",
+      shorten(mm_hash), shorten(request_id));
+  local_cache_.erase(std::string(mm_hash));
+  mark_request_unavailable(request_id);
+}
+
 bool SchedulerCoordinator::report_malformed(const RequestView& request) {
   if (!request.has_malformed_params()) return false;
   if (!notified_.contains(request.request_id) && !malformed_pending_.contains(request.request_id)) {
@@ -451,6 +467,7 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
   }
   const MmFeature& feature = request.mm_features[index];
   local_cache_.insert(feature.identifier);
+  if (options_.is_consumer) allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
   if (auto it = owned_loads_.find(request.request_id); it != owned_loads_.end()) {
     std::erase(it->second, feature.identifier);
     if (it->second.empty()) owned_loads_.erase(it);
@@ -486,10 +503,22 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
     if (!local_cache_.contains(h)) meta.freed.push_back(std::move(h));
   }
   extra_freed_.clear();
+  // Evicted and allocated again in this step, with ECX's copy in the workers'
+  // caches: the engine counts on that copy, but the workers drop evicted entries at
+  // the start of the step. It is reloaded after the drop, from the resident copy
+  // release_ready makes. (An entry the engine encoded itself is encoded again.)
+  std::vector<std::pair<std::string, std::string>> reloads;  // (mm_hash, request id)
   for (const auto& h : meta.freed) {
-    local_cache_.erase(h);
+    auto it = allocated_this_step_.find(h);
+    if (it == allocated_this_step_.end()) {
+      local_cache_.erase(h);
+    } else if (table_.has_state(h, {TransferState::ready})) {
+      reloads.emplace_back(h, it->second);
+    }
     table_.release_ready(h, now);
   }
+  for (const auto& [h, request_id] : reloads) reload_reallocated(h, request_id, now);
+  allocated_this_step_.clear();
   for (auto& id : table_.drain_orphaned()) {
     queue_cancel(id, now);
     meta.orphan_cancels.push_back(std::move(id));

@@ -151,6 +151,7 @@ class SchedulerCoordinator {
   void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);
+  void reload_reallocated(std::string_view mm_hash, const std::string& request_id, TimePoint now);
   Result<TensorSpec> output_spec(const MmFeature& feature) const;
   static std::string fallback_id(const RequestView& request, std::size_t index);
 
@@ -180,6 +181,10 @@ class SchedulerCoordinator {
   StringSet local_cache_;
   // Loads started on behalf of a request that has not allocated them yet.
   StringMap<std::vector<std::string>> owned_loads_;
+  // Hashes the engine allocated since the last step boundary, with the request that
+  // allocated each: one the engine also evicted in this step must be loaded again,
+  // because the workers drop evicted entries before they load.
+  StringMap<std::string> allocated_this_step_;
   std::vector<std::string> extra_freed_;
 
   // Producer: planned pushes of this step, bindings planned so far, and which

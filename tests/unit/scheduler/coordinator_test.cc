@@ -141,9 +141,81 @@ TEST(CoordinatorConsumer, HappyPathFromReadinessToResident) {
   h.coordinator.update_state_after_free(r, 0);  // READY refuses: the worker's take consumed it
   EXPECT_EQ(h.coordinator.stats().cancels_queued, 0u);
   h.coordinator.request_finished(r);
-  auto freed = h.step(StepView{{"h0"}, {}});
+  h.step();
+  auto freed = h.step(StepView{{"h0"}, {}});  // evicted in a later step
   EXPECT_EQ(freed.freed, std::vector<std::string>{"h0"});
   EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+}
+
+// vLLM's encoder cache may evict an entry and allocate it again in one scheduling
+// step; the workers drop evicted entries first, so ECX must bring its copy back.
+TEST(CoordinatorConsumer, EntryEvictedAndAllocatedAgainInOneStepIsReloaded) {
+  Harness h;
+  auto a = request("ra", {"h0"}, {"t0"});
+  h.events->ready("t0", "h0");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.coordinator.request_finished(a);
+  h.step();
+  // Next step: the engine evicts h0 for room, then a new request needs h0 again.
+  auto b = request("rb", {"h0"}, {"t0"});
+  EXPECT_TRUE(h.coordinator.has_cache_item("h0"));
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(b, 0));
+  h.coordinator.update_state_after_alloc(b, 0);
+  auto meta = h.step(StepView{{"h0"}, {}});
+  EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
+  ASSERT_EQ(meta.loads.size(), 1u);  // dispatched after the drop, from the resident copy
+  EXPECT_EQ(meta.loads[0].mm_hash, "h0");
+  EXPECT_TRUE(meta.loads[0].local);
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::loading);
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::ready);
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+  // Freed for good later: it becomes resident again, no reload.
+  h.coordinator.request_finished(b);
+  auto later = h.step(StepView{{"h0"}, {}});
+  EXPECT_TRUE(later.loads.empty());
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+}
+
+TEST(CoordinatorConsumer, EntryEvictedAndAllocatedAgainWithNoCopyLeftFailsTheRequest) {
+  auto options = testing::consumer_options();
+  options.table.resident_capacity_bytes = 0;  // release_ready cannot keep a resident copy
+  Harness h(options);
+  auto a = request("ra", {"h0"}, {"t0"});
+  h.events->ready("t0", "h0");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.step();
+  auto b = request("rb", {"h0"}, {"t0"});
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(b, 0));
+  h.coordinator.update_state_after_alloc(b, 0);
+  auto meta = h.step(StepView{{"h0"}, {}});
+  EXPECT_TRUE(meta.loads.empty());
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"rb"});
+  EXPECT_FALSE(h.coordinator.has_cache_item("h0"));
+}
+
+TEST(CoordinatorConsumer, EntryTheEngineEncodedItselfIsNotReloaded) {
+  Harness h;
+  RequestView a;
+  a.request_id = "ra";
+  a.mm_features.push_back(testing::feature("h0"));
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.step();
+  RequestView b = a;
+  b.request_id = "rb";
+  h.coordinator.update_state_after_alloc(b, 0);
+  auto meta = h.step(StepView{{"h0"}, {}});
+  EXPECT_TRUE(meta.loads.empty());
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
 }
 

@@ -320,7 +320,8 @@ TEST(SchedulerLessons, Lesson46_AnEvictedItemStaysResidentAndReloadsLocally) {
   auto a = request("ra", {"h"}, {"ta"});
   load_item(h, a, "ta", "h");
   h.coordinator.update_state_after_alloc(a, 0);
-  h.step(StepView{{"h"}, {}});  // the encoder cache evicted it
+  h.step();
+  h.step(StepView{{"h"}, {}});  // a later step: the encoder cache evicted it
   // A later request for the same image whose own transfer is gone still loads it.
   auto b = request("rb", {"h"}, {"tb-gone"});
   EXPECT_TRUE(h.coordinator.has_cache_item("h"));
@@ -335,6 +336,7 @@ TEST(SchedulerLessons, Lesson47_ALocalCacheHitDoesNotCancelTheTransfer) {
   Harness h;
   auto other = request("ro", {"h"}, {"to"});
   h.coordinator.update_state_after_alloc(other, 0);  // h is in the engine's cache
+  h.step();
   h.events->ready("t", "h");
   auto r = request("r1", {"h"}, {"t"});
   EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
