@@ -1,6 +1,8 @@
 // `ecx bench transport`: ECX's UCX data plane between a producer process and a
 // consumer process on loopback, next to `ucx_perftest -t ucp_am_bw` on the same
-// transport and size and a plain memcpy, all in the same run.
+// transport and size and a plain memcpy, all in the same run. With `--transport
+// mooncake` the Mooncake backend's one-sided writes (over Mooncake's tcp) join the
+// table next to ECX over UCX tcp, measured in the same run.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -34,6 +36,7 @@
 #include "ecx/core/logging.h"
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
+#include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
 
 namespace ecx::cli {
@@ -95,7 +98,13 @@ std::string size_label(std::uint64_t bytes) {
 
 // UCX_TLS for each named transport, the same for ECX and ucx_perftest (self only
 // matters for a process talking to itself).
-std::string ucx_tls(const std::string& transport) { return transport == "tcp" ? "tcp" : "sm,self"; }
+std::string ucx_tls(const std::string& transport) { return transport == "shm" ? "sm,self" : "tcp"; }
+
+// The UCX transport of the ECX and ucx_perftest series: with --transport mooncake
+// they are the tcp baseline the Mooncake series is compared with.
+std::string ucx_transport(const BenchOptions& options) {
+  return options.transport == "mooncake" ? "tcp" : options.transport;
+}
 
 std::uint64_t auto_count(std::uint64_t size) { return std::clamp<std::uint64_t>((2ULL << 30) / size, 20, 100'000); }
 
@@ -223,8 +232,35 @@ double percentile(std::vector<double> values, double rank) {
   return values[std::min(index, values.size() - 1)];
 }
 
+// The Mooncake consumer half: registers `window` slots and says where they are; the
+// producer writes into them one-sidedly. At the end the slots must hold its bytes.
+int run_mooncake_consumer(const BenchOptions& options) {
+  const std::uint64_t bytes = options.consumer_slot_bytes * options.window;
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, bytes, pool::SlabOptions{.prefault = true});
+  if (!slab) {
+    std::cerr << "consumer: " << slab.status().to_string() << "\n";
+    return 1;
+  }
+  auto created = transport::create_mooncake_transport(transport::MooncakeOptions{});
+  if (!created) {
+    std::cerr << "consumer: " << created.status().to_string() << "\n";
+    return 1;
+  }
+  auto& transport = *created;
+  if (!transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host)) return 1;
+  std::cout << "address " << transport->segment_name() << " " << reinterpret_cast<std::uint64_t>(slab->data())
+            << std::endl;
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.starts_with("quit")) break;
+  }
+  const bool intact = std::all_of(slab->data(), slab->data() + bytes, [](std::byte b) { return b == std::byte{0x3c}; });
+  std::cout << (intact ? "landed ok" : "landed corrupt") << std::endl;
+  return 0;
+}
+
 // The consumer half: lands every payload in a slot of its registered pool.
 int run_consumer(const BenchOptions& options) {
+  if (options.transport == "mooncake") return run_mooncake_consumer(options);
   const std::uint64_t slot = options.consumer_slot_bytes;
   const std::uint64_t alignment = 4096;
   // Eagerly sent payloads complete at the producer before they land, so more than
@@ -238,7 +274,7 @@ int run_consumer(const BenchOptions& options) {
   pool::OffsetAllocator allocator(slab->size(), alignment);
   transport::UcxOptions ucx;
   ucx.tls = ucx_tls(options.transport);
-  ucx.peer_error_handling = options.transport == "tcp";  // UCX 1.13 shared memory cannot do it
+  ucx.peer_error_handling = ucx_transport(options) == "tcp";  // UCX 1.13 shared memory cannot do it
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   ucx.resolver = [&](std::span<const std::byte>, std::uint64_t bytes) -> Result<transport::Landing> {
     auto reserved = allocator.allocate(bytes);
@@ -287,9 +323,10 @@ int run_consumer(const BenchOptions& options) {
 
 // The producer half: one run of `count` sends of `size` bytes, `window` in flight.
 Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
-  Child consumer({self_executable(), "bench", "transport", "--consumer", "--transport", options.transport, "--mode",
-                  options.mode, "--window", std::to_string(options.window), "--slot-bytes", std::to_string(size)},
-                 {});
+  Child consumer(
+      {self_executable(), "bench", "transport", "--consumer", "--transport", ucx_transport(options), "--mode",
+       options.mode, "--window", std::to_string(options.window), "--slot-bytes", std::to_string(size)},
+      {});
   if (!consumer.started()) return internal_error("cannot start the consumer process");
   auto line = consumer.read_line(30s);
   if (!line || !line->starts_with("address ")) return unavailable("the consumer process did not start listening");
@@ -300,7 +337,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   std::memset(slab->data(), 0x3c, slab->size());
   transport::UcxOptions ucx;
   ucx.tls = ucx_tls(options.transport);
-  ucx.peer_error_handling = options.transport == "tcp";  // UCX 1.13 shared memory cannot do it
+  ucx.peer_error_handling = ucx_transport(options) == "tcp";  // UCX 1.13 shared memory cannot do it
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   auto created = transport::create_ucx_transport(ucx);
   if (!created) return created.status();
@@ -362,7 +399,88 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   }
   Series series;
   series.name = "ecx";
-  series.transport = options.transport;
+  series.transport = ucx_transport(options);
+  series.size = size;
+  series.count = count;
+  series.gbps = static_cast<double>(size * count) / seconds / 1e9;
+  series.p50_us = percentile(latencies_us, 50);
+  series.p99_us = percentile(latencies_us, 99);
+  return series;
+}
+
+// The Mooncake producer half: `count` one-sided writes of `size` bytes, `window` in
+// flight, each into its slot of the consumer's registered pool.
+Result<Series> run_mooncake(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
+  Child consumer({self_executable(), "bench", "transport", "--consumer", "--transport", "mooncake", "--window",
+                  std::to_string(options.window), "--slot-bytes", std::to_string(size)},
+                 {});
+  if (!consumer.started()) return internal_error("cannot start the consumer process");
+  auto line = consumer.read_line(60s);
+  std::istringstream words(line.value_or(""));
+  std::string word, segment;
+  std::uint64_t base = 0;
+  words >> word >> segment >> base;
+  if (word != "address" || base == 0) return unavailable("the Mooncake consumer process did not start");
+
+  const std::uint64_t window = options.window;
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * window, pool::SlabOptions{.prefault = true});
+  if (!slab) return slab.status();
+  std::memset(slab->data(), 0x3c, slab->size());
+  auto created = transport::create_mooncake_transport(transport::MooncakeOptions{});
+  if (!created) return created.status();
+  auto& transport = *created;
+  auto region = transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host);
+  if (!region) return region.status();
+  auto endpoint = transport->connect(segment);
+  if (!endpoint) return endpoint.status();
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::uint64_t in_flight = 0;
+  std::vector<double> latencies_us;
+  latencies_us.reserve(count);
+  Status first_error;
+  const auto clock = SteadyClock::shared();
+  auto run_batch = [&](std::uint64_t n, bool record) -> Status {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      {
+        std::unique_lock lock(mutex);
+        if (!changed.wait_for(lock, 60s, [&] { return in_flight < window; })) return timeout_error("writes stalled");
+        ++in_flight;
+      }
+      const auto started = Clock::now();
+      const std::uint64_t slot = (i % window) * size;
+      auto status = transport->write(
+          *endpoint, *region, slot, size, base + slot, clock->now() + 60s, [&, started, record](Status s) {
+            const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
+            std::lock_guard lock(mutex);
+            --in_flight;
+            if (!s) {
+              if (first_error) first_error = s;
+            } else if (record) {
+              latencies_us.push_back(us);
+            }
+            changed.notify_all();
+          });
+      if (!status) return status;
+    }
+    std::unique_lock lock(mutex);
+    if (!changed.wait_for(lock, 120s, [&] { return in_flight == 0; })) return timeout_error("writes never settled");
+    return first_error;
+  };
+  const std::uint64_t warmup = std::max<std::uint64_t>(window * 2, count / 10);
+  ECX_RETURN_IF_ERROR(run_batch(warmup, false));
+  const auto begin = Clock::now();
+  ECX_RETURN_IF_ERROR(run_batch(count, true));
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  consumer.write_line("quit");
+  const auto landed = consumer.read_line(30s);
+  if (landed.value_or("") != "landed ok") {
+    return internal_error(fmt::format("consumer reported '{}', expected 'landed ok'", landed.value_or("nothing")));
+  }
+  Series series;
+  series.name = "ecx_mooncake";
+  series.transport = "mooncake";
   series.size = size;
   series.count = count;
   series.gbps = static_cast<double>(size * count) / seconds / 1e9;
@@ -482,7 +600,7 @@ Status write_plot(const std::string& png, const std::vector<Series>& all) {
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("ecx-bench-plot-{}", ::getpid());
   std::filesystem::create_directories(dir);
   std::string plot_lines;
-  for (const std::string name : {"ecx", "ucx_perftest_am_bw", "memcpy"}) {
+  for (const std::string name : {"ecx", "ecx_mooncake", "ucx_perftest_am_bw", "memcpy"}) {
     std::ofstream data(dir / (name + ".dat"));
     bool any = false;
     for (const auto& s : all) {
@@ -514,9 +632,16 @@ Status write_plot(const std::string& png, const std::vector<Series>& all) {
 int run_bench(const BenchOptions& options) {
   log::set_level(spdlog::level::warn);
   if (options.consumer) return run_consumer(options);
-  if (options.transport != "tcp" && options.transport != "shm") {
-    std::cerr << "ecx bench transport: --transport must be tcp or shm\n";
+  const bool mooncake = options.transport == "mooncake";
+  if (options.transport != "tcp" && options.transport != "shm" && !mooncake) {
+    std::cerr << "ecx bench transport: --transport must be tcp, shm or mooncake\n";
     return 2;
+  }
+  if (mooncake) {
+    if (auto available = transport::mooncake_library_available(); !available) {
+      std::cerr << "ecx bench transport: " << available.message() << "\n";
+      return 2;
+    }
   }
   if (!transport::parse_ucx_mode(options.mode)) {
     std::cerr << "ecx bench transport: --mode must be am or put\n";
@@ -551,18 +676,26 @@ int run_bench(const BenchOptions& options) {
   std::cout << fmt::format(
       "ecx bench transport: {} (UCX_TLS={}), mode {}, window {}, median of {} runs, UCX {}, load average {} on {} "
       "CPUs\n",
-      options.transport, ucx_tls(options.transport), options.mode, options.window, options.repeat,
-      transport::ucx_library_version(), load, std::thread::hardware_concurrency());
+      mooncake ? "mooncake (tcp) next to UCX tcp" : options.transport, ucx_tls(options.transport), options.mode,
+      options.window, options.repeat, transport::ucx_library_version(), load, std::thread::hardware_concurrency());
   std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
                            "ratio");
   std::vector<Series> all;
   int rc = 0;
   for (const auto size : sizes) {
     const std::uint64_t count = options.count != 0 ? options.count : auto_count(size);
-    std::vector<Series> ecx_runs, perftest_runs;
+    std::vector<Series> ecx_runs, perftest_runs, mooncake_runs;
     std::string perftest_error;
     // Interleaved repetitions, so load from anything else on the machine hits both.
     for (std::uint32_t r = 0; r < options.repeat; ++r) {
+      if (mooncake) {
+        auto written = run_mooncake(options, size, count);
+        if (!written) {
+          std::cerr << "ecx bench transport: mooncake run failed: " << written.status().to_string() << "\n";
+          return 1;
+        }
+        mooncake_runs.push_back(*written);
+      }
       auto ecx = run_ecx(options, size, count);
       if (!ecx) {
         std::cerr << "ecx bench transport: ecx run failed: " << ecx.status().to_string() << "\n";
@@ -587,9 +720,18 @@ int run_bench(const BenchOptions& options) {
     if (!perftest_runs.empty()) perftest = pick_median(perftest_runs);
     Series copy = run_memcpy(options.transport, size, count);
     if (perftest) ecx.ratio_vs_perftest = ecx.gbps / perftest->gbps;
+    if (mooncake) {
+      Series written = pick_median(mooncake_runs);
+      if (perftest) written.ratio_vs_perftest = written.gbps / perftest->gbps;
+      std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}  ({:.2f} x ecx over UCX tcp)\n",
+                               size_label(size), "ecx_mooncake", written.gbps, *written.p50_us, *written.p99_us,
+                               written.ratio_vs_perftest ? fmt::format("{:.2f}", *written.ratio_vs_perftest) : "-",
+                               written.gbps / ecx.gbps);
+      all.push_back(written);
+    }
 
-    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n", size_label(size), "ecx", ecx.gbps,
-                             *ecx.p50_us, *ecx.p99_us,
+    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n", mooncake ? "" : size_label(size),
+                             mooncake ? "ecx (ucx tcp)" : "ecx", ecx.gbps, *ecx.p50_us, *ecx.p99_us,
                              ecx.ratio_vs_perftest ? fmt::format("{:.2f}", *ecx.ratio_vs_perftest) : "-");
     if (perftest) {
       std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "ucx_perftest_am_bw", perftest->gbps,
@@ -630,7 +772,10 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
   auto* cmd = bench_subcommand(app)->add_subcommand(
       "transport", "UCX data plane between two processes vs ucx_perftest -t ucp_am_bw and memcpy");
   auto options = std::make_shared<BenchOptions>();
-  cmd->add_option("--transport", options->transport, "tcp or shm (shared memory)")->capture_default_str();
+  cmd->add_option("--transport", options->transport,
+                  "tcp or shm (shared memory), or mooncake (Mooncake over tcp, next to UCX tcp; library from "
+                  "ECX_MOONCAKE_LIB)")
+      ->capture_default_str();
   cmd->add_option("--size", options->size_text, "message size, e.g. 9MiB, 64K, 4096")->capture_default_str();
   cmd->add_option("--sizes", options->sizes_text,
                   "comma-separated sizes to sweep, or 'sweep' for 4 KiB..64 MiB (overrides --size)");

@@ -65,6 +65,7 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
              {"push_wait_timeout_s", 60},
              {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}};
+  if (o.transport == "mooncake") extra["transport"] = "mooncake";  // mooncake_lib: ECX_MOONCAKE_LIB
   json doc{{"ec_role", role_name(role)},    {"ec_ip", "127.0.0.1"},      {"ec_port", o.port},
            {"ec_buffer_size", o.pool_size}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
   ParallelLayout layout;
@@ -253,6 +254,7 @@ int run_demo(const DemoOptions& options) {
                                      o.checksum ? "--checksum" : "--no-checksum"};
     if (o.log_sizes) argv.emplace_back("--log-sizes");
     if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
+    if (o.transport == "mooncake") argv.insert(argv.end(), {"--transport", "mooncake"});
     return argv;
   };
   const std::vector<std::string> env = {"UCX_TLS=" + ucx_tls(o.transport)};
@@ -417,9 +419,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   demo->add_flag("--log-sizes", o->log_sizes, "draw token counts log-uniformly (many small images, few large)");
   demo->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
-  demo->add_option("--transport", o->transport, "UCX transport")
+  demo->add_option("--transport", o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"tcp", "shm"}));
+      ->check(CLI::IsMember({"tcp", "shm", "mooncake"}));
   demo->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
       ->capture_default_str();
   demo->add_option("--seed", o->seed, "workload seed")->capture_default_str();

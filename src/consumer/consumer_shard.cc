@@ -8,6 +8,7 @@
 
 #include "ecx/core/logging.h"
 #include "ecx/pool/slab.h"
+#include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
 #include "ecx/wire/payload_header.h"
 
@@ -26,6 +27,20 @@ Result<pool::Slab> allocate_receive_pool(const Config& config) {
   // device memory); the worker's load copies them to the device.
   options.cuda_device = config.buffer_device.size() > 5 ? std::stoi(config.buffer_device.substr(5)) : 0;
   return pool::Slab::allocate(pool::MemoryKind::cuda_pinned, config.buffer_size, options);
+}
+
+// Mooncake writes one-sidedly: the shard only registers its pool and publishes
+// where it is (segment name + base address in the hello reply).
+Result<std::unique_ptr<transport::Transport>> create_mooncake_data_plane(const Config& config,
+                                                                         std::shared_ptr<const Clock> clock) {
+  transport::MooncakeOptions options;
+  options.library_path = config.mooncake_lib;
+  options.protocol = config.mooncake_protocol;
+  options.host = config.effective_data_ip();
+  options.clock = std::move(clock);
+  auto created = transport::create_mooncake_transport(std::move(options));
+  if (!created) return created.status();
+  return std::unique_ptr<transport::Transport>(std::move(*created));
 }
 
 wire::Event to_wire(const ReservationEvent& event) {
@@ -142,9 +157,14 @@ class ShardHandler final : public control::ControlHandler {
 
   void describe(wire::HelloReply& reply) override {
     const auto& c = state_->config;
-    reply.data.transport = "ucx";
+    reply.data.transport = c.transport;
     reply.data.address = state_->data_address;
-    reply.features.emplace_back(c.ucx_mode == "put" ? wire::kFeatureOneSided : wire::kFeatureActiveMessages);
+    if (c.transport == "mooncake") {
+      reply.data.segment = state_->data_address;
+      reply.data.base = reinterpret_cast<std::uint64_t>(state_->slab->data());
+    }
+    reply.features.emplace_back(c.ucx_mode == "put" || c.transport != "ucx" ? wire::kFeatureOneSided
+                                                                            : wire::kFeatureActiveMessages);
     if (c.checksum) reply.features.emplace_back(wire::kFeatureChecksum);
     if (!c.auth_secret.empty()) reply.features.emplace_back(wire::kFeatureAuth);
     reply.pool_bytes = state_->slab->size();
@@ -184,7 +204,8 @@ class ShardHandler final : public control::ControlHandler {
 
   Result<wire::CompleteReply> complete(const control::RequestContext& /*context*/,
                                        const wire::CompleteRequest& request) override {
-    const auto result = state_->reservations->writer_completed(request.transfer_id, request.reservation_id);
+    const auto result =
+        state_->reservations->writer_completed(request.transfer_id, request.reservation_id, request.checksum);
     state_->publish_events();
     return wire::CompleteReply{result != CompletionOutcome::rejected, result == CompletionOutcome::became_ready};
   }
@@ -201,10 +222,6 @@ class ShardHandler final : public control::ControlHandler {
 }  // namespace
 
 Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config, std::shared_ptr<const Clock> clock) {
-  if (config.transport != "ucx") {
-    return invalid_argument(
-        fmt::format("transport '{}' is not available for consumers in this build; use ucx", config.transport));
-  }
   auto state = std::make_shared<State>();
   state->config = config;
   state->clock = clock ? std::move(clock) : SteadyClock::shared();
@@ -232,7 +249,8 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   ucx.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, Status status) {
     if (auto s = weak.lock()) s->landed(header, status);
   };
-  auto created = transport::create_ucx_transport(std::move(ucx));
+  auto created = config.transport == "mooncake" ? create_mooncake_data_plane(config, state->clock)
+                                                : transport::create_ucx_transport(std::move(ucx));
   if (!created)
     return Status(created.status().code(), fmt::format("shard {}: data plane: {}", rank, created.status().message()));
   state->transport = std::move(*created);
@@ -253,7 +271,7 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   state->publisher.store(state->server.get(), std::memory_order_release);
   state->log->info("consumer shard {} serving: control {}, events {}, data {} ({}), pool {}", rank,
                    state->server->control_endpoint(), state->server->event_endpoint(), state->data_address,
-                   config.ucx_mode, format_bytes(state->slab->size()));
+                   config.transport == "ucx" ? config.ucx_mode : config.transport, format_bytes(state->slab->size()));
   return std::unique_ptr<ConsumerShard>(new ConsumerShard(std::move(state)));  // NOLINT: private constructor
 }
 

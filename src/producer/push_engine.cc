@@ -1,5 +1,6 @@
 #include "ecx/producer/push_engine.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -18,6 +19,7 @@
 #include "ecx/pool/cuda_staging.h"
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
+#include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
 #include "ecx/wire/payload_header.h"
 
@@ -67,8 +69,17 @@ struct CancelResult {
   int shard = 0;
   Status status;
 };
+// One-sided (Mooncake) writes: the write settled, or its deadline passed first.
+struct WriteSettled {
+  PayloadCommand payload;
+  Status status;
+};
+struct WriteOverdue {
+  std::string transfer_id;
+  int shard = 0;
+};
 using InboxItem = std::variant<SubmitCommand, BindCommand, FinishedCommand, AbandonSourcelessCommand, TopologyResult,
-                               TopologyRefresh, ReserveResult, PayloadResult, CancelResult>;
+                               TopologyRefresh, ReserveResult, PayloadResult, CancelResult, WriteSettled, WriteOverdue>;
 
 ReserveReply to_reply(const wire::ReserveResult& r) {
   switch (r.outcome) {
@@ -95,6 +106,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   PushManager pushes;
   std::unique_ptr<control::ControlClient> client;
   std::unique_ptr<transport::Transport> transport;
+  transport::MooncakeTransport* one_sided = nullptr;  // = transport when it is Mooncake
   std::optional<pool::Slab> staging;
   transport::RegionHandle staging_region;
 
@@ -348,6 +360,118 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     actions.append(pushes.on_cancel_result(result.transfer_id, result.shard, result.status));
   }
 
+  // ---- one-sided writes (Mooncake). A submitted write cannot be cancelled, so until
+  // it settles neither its source slot nor its remote slot may be given back: the
+  // abandon cancel and the source release of its push wait here for it.
+  struct Unsettled {
+    SourceId source = 0;
+    bool overdue = false;
+  };
+  std::map<std::pair<std::string, int>, Unsettled> unsettled;
+  std::vector<CancelCommand> parked_cancels;
+  std::vector<SourceId> parked_releases;
+
+  bool source_unsettled(SourceId id) const {
+    return std::any_of(unsettled.begin(), unsettled.end(), [id](const auto& u) { return u.second.source == id; });
+  }
+
+  void handle(WriteOverdue& overdue, Actions& actions) {
+    auto it = unsettled.find({overdue.transfer_id, overdue.shard});
+    if (it == unsettled.end()) return;
+    it->second.overdue = true;
+    // The push fails now; what it holds stays held until the write settles.
+    actions.append(pushes.on_payload_result(
+        overdue.transfer_id, overdue.shard,
+        timeout_error("the Mooncake write did not finish by push_wait_timeout_s (its slot and source stay held until "
+                      "it settles)")));
+  }
+
+  void handle(WriteSettled& settled, Actions& actions) {
+    const auto& p = settled.payload;
+    auto it = unsettled.find({p.transfer_id, p.shard});
+    const bool overdue = it != unsettled.end() && it->second.overdue;
+    if (it != unsettled.end()) unsettled.erase(it);
+    // Whatever waited for this write may go now.
+    for (auto c = parked_cancels.begin(); c != parked_cancels.end();) {
+      if (unsettled.count({c->transfer_id, c->shard}) == 0) {
+        actions.cancels.push_back(std::move(*c));
+        c = parked_cancels.erase(c);
+      } else {
+        ++c;
+      }
+    }
+    for (auto r = parked_releases.begin(); r != parked_releases.end();) {
+      if (!source_unsettled(*r)) {
+        actions.release_sources.push_back(*r);
+        r = parked_releases.erase(r);
+      } else {
+        ++r;
+      }
+    }
+    if (overdue) return;  // the push already failed
+    if (!settled.status) {
+      refresh_topology(p.consumer_address);
+      actions.append(pushes.on_payload_result(p.transfer_id, p.shard, settled.status));
+      return;
+    }
+    // The bytes are in place: tell the shard, naming the reservation written.
+    auto address = shard_control(p.consumer_address, p.shard);
+    if (!address) {
+      actions.append(pushes.on_payload_result(p.transfer_id, p.shard, unavailable("consumer topology is not known")));
+      return;
+    }
+    std::optional<std::uint64_t> checksum;
+    {
+      std::lock_guard lock(staging_mutex);
+      if (auto s = sources.find(p.source); s != sources.end()) checksum = s->second.checksum;
+    }
+    std::weak_ptr<State> weak = weak_from_this();
+    client->call_async(
+        *address, wire::CompleteRequest{p.transfer_id, p.reservation_id, p.generation, checksum},
+        config.control_timeout(),
+        [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard](Result<wire::Reply> reply) {
+          auto s = weak.lock();
+          if (!s) return;
+          auto body = control::reply_body<wire::CompleteReply>(std::move(reply));
+          Status status = body ? (body->completed ? Status::ok()
+                                                  : conflict("the shard did not accept the completion "
+                                                             "(reservation cancelled or replaced)"))
+                               : body.status();
+          s->enqueue(PayloadResult{base, tid, shard, status});
+        });
+  }
+
+  void write_one_sided(const PayloadCommand& p, const wire::DataPlane& data, const Source& source, Actions& more) {
+    if (data.transport != "mooncake" || data.segment.empty() || data.base == 0) {
+      more.append(pushes.on_payload_result(
+          p.transfer_id, p.shard,
+          invalid_argument(
+              fmt::format("the consumer shard's data plane is '{}', this producer's is mooncake", data.transport))));
+      return;
+    }
+    auto endpoint = one_sided->connect(data.segment);
+    if (!endpoint) {
+      refresh_topology(p.consumer_address);
+      more.append(pushes.on_payload_result(p.transfer_id, p.shard, endpoint.status()));
+      return;
+    }
+    std::weak_ptr<State> weak = weak_from_this();
+    const auto status = one_sided->write(
+        *endpoint, staging_region, source.slot.offset, p.nbytes, data.base + p.slot_offset,
+        clock->now() + config.push_wait_timeout(),
+        [weak, p](Status result) {
+          if (auto s = weak.lock()) s->enqueue(WriteSettled{p, std::move(result)});
+        },
+        [weak, tid = p.transfer_id, shard = p.shard] {
+          if (auto s = weak.lock()) s->enqueue(WriteOverdue{tid, shard});
+        });
+    if (!status) {
+      more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
+      return;
+    }
+    unsettled[{p.transfer_id, p.shard}] = Unsettled{p.source, false};
+  }
+
   std::optional<std::string> shard_control(const std::string& base, int shard) {
     const auto* topology = topology_of(base);
     if (topology == nullptr || shard < 0 || static_cast<std::size_t>(shard) >= topology->shards.size()) {
@@ -364,7 +488,13 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       execute_reserves(actions.reserves, more);
       execute_payloads(actions.payloads, more);
       execute_cancels(actions.cancels, more);
-      for (auto id : actions.release_sources) release_source(id);
+      for (auto id : actions.release_sources) {
+        if (source_unsettled(id)) {
+          parked_releases.push_back(id);  // a one-sided write still reads it
+        } else {
+          release_source(id);
+        }
+      }
       actions = std::move(more);
     }
   }
@@ -415,6 +545,17 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, internal_error("source is not staged")));
         continue;
       }
+      if (one_sided != nullptr) {
+        write_one_sided(p, data, *source, more);
+        continue;
+      }
+      if (data.transport != "ucx") {
+        more.append(pushes.on_payload_result(
+            p.transfer_id, p.shard,
+            invalid_argument(
+                fmt::format("the consumer shard's data plane is '{}', this producer's is ucx", data.transport))));
+        continue;
+      }
       auto endpoint = transport->connect(data.address);
       if (!endpoint) {
         refresh_topology(p.consumer_address);
@@ -435,6 +576,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 
   void execute_cancels(const std::vector<CancelCommand>& cancels, Actions& more) {
     for (const auto& c : cancels) {
+      if (unsettled.count({c.transfer_id, c.shard}) != 0) {
+        parked_cancels.push_back(c);  // the slot may still be written: abandon it once the write settles
+        continue;
+      }
       auto address = shard_control(c.consumer_address, c.shard);
       if (!address) {
         more.append(pushes.on_cancel_result(c.transfer_id, c.shard, unavailable("consumer topology is not known")));
@@ -456,10 +601,6 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 };
 
 Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std::shared_ptr<const Clock> clock) {
-  if (config.transport != "ucx") {
-    return invalid_argument(
-        fmt::format("transport '{}' is not available for producers in this build; use ucx", config.transport));
-  }
   auto state = std::make_shared<State>(config, clock ? std::move(clock) : SteadyClock::shared());
   pool::SlabOptions slab_options;
   slab_options.huge_pages = config.huge_pages;
@@ -481,9 +622,21 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
     return unavailable("a producer does not accept payloads");
   };
   ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, Status) {};
-  auto created = transport::create_ucx_transport(std::move(ucx));
-  if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
-  state->transport = std::move(*created);
+  if (config.transport == "mooncake") {
+    transport::MooncakeOptions mooncake;
+    mooncake.library_path = config.mooncake_lib;
+    mooncake.protocol = config.mooncake_protocol;
+    mooncake.host = config.effective_data_ip();
+    mooncake.clock = state->clock;
+    auto created = transport::create_mooncake_transport(std::move(mooncake));
+    if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
+    state->one_sided = created->get();
+    state->transport = std::move(*created);
+  } else {
+    auto created = transport::create_ucx_transport(std::move(ucx));
+    if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
+    state->transport = std::move(*created);
+  }
   auto region =
       state->transport->register_region(state->staging->data(), state->staging->size(), transport::MemoryKind::host);
   if (!region) return region.status();
@@ -496,8 +649,9 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   if (!client) return client.status();
   state->client = std::move(*client);
   state->dispatcher = std::thread([raw = state.get()] { raw->run(); });
-  state->log->info("producer ready: staging pool {} ({}), data plane ucx ({})", format_bytes(state->staging->size()),
-                   pool::memory_kind_name(kind), config.ucx_mode);
+  state->log->info("producer ready: staging pool {} ({}), data plane {} ({})", format_bytes(state->staging->size()),
+                   pool::memory_kind_name(kind), config.transport,
+                   config.transport == "ucx" ? config.ucx_mode : config.mooncake_protocol);
   return std::unique_ptr<PushEngine>(new PushEngine(std::move(state)));  // NOLINT: private constructor
 }
 

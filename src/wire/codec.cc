@@ -140,13 +140,17 @@ struct RequestBodyWriter {
     put_str(pk, r.transfer_id);
   }
   void operator()(const CompleteRequest& r) const {
-    pk.pack_map(3);
+    pk.pack_map(3 + (r.checksum ? 1 : 0));
     put_str(pk, "transfer_id");
     put_str(pk, r.transfer_id);
     put_str(pk, "reservation_id");
     put_reservation(pk, r.reservation_id);
     put_str(pk, "generation");
     pk.pack(r.generation);
+    if (r.checksum) {
+      put_str(pk, "checksum");
+      pk.pack(*r.checksum);
+    }
   }
 };
 
@@ -664,8 +668,8 @@ Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& 
       return RequestBody{std::move(r)};
     }
     case Op::complete: {
-      static const std::array<std::string_view, 3> kNames = {"transfer_id", "reservation_id", "generation"};
-      Fields<3> f(kNames, "body");
+      static const std::array<std::string_view, 4> kNames = {"transfer_id", "reservation_id", "generation", "checksum"};
+      Fields<4> f(kNames, "body");
       ECX_RETURN_IF_ERROR(f.read(body, StatusCode::invalid_argument));
       CompleteRequest r;
       std::string_view transfer_id;
@@ -674,6 +678,11 @@ Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& 
       r.transfer_id = std::string(transfer_id);
       WIRE_ASSIGN(r.reservation_id, f.reservation(1));
       WIRE_ASSIGN(r.generation, f.u64(2));
+      if (f.has(3)) {
+        std::uint64_t value = 0;
+        WIRE_ASSIGN(value, f.u64(3));
+        r.checksum = value;
+      }
       return RequestBody{std::move(r)};
     }
   }
