@@ -1,7 +1,19 @@
 #pragma once
-// The shared `ecx bench` parent: every benchmark command adds itself under it.
+// The shared `ecx bench` parent (every benchmark command adds itself under it) and
+// what the bench commands print and write alike: size and duration parsing, the
+// table, the JSON list of series and the gnuplot picture (tools/bench_support.cc).
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ecx/core/status.h"
 
 namespace ecx::cli {
 
@@ -14,5 +26,52 @@ inline CLI::App* bench_subcommand(CLI::App& app) {
   bench->require_subcommand(1);
   return bench;
 }
+
+// "9MiB", "64K", "4096" (K, M, G are binary).
+Result<std::uint64_t> parse_byte_size(std::string_view text);
+// A comma-separated list of sizes.
+Result<std::vector<std::uint64_t>> parse_byte_sizes(std::string_view text);
+// "64 KiB", "9 MiB".
+std::string byte_size_label(std::uint64_t bytes);
+// "90", "90s", "10m", "1.5h" in seconds.
+Result<double> parse_duration_seconds(std::string_view text);
+
+// Fixed-width text table: right-aligned columns, the first one left-aligned.
+class TextTable {
+ public:
+  struct Column {
+    std::string title;
+    int width;
+  };
+  explicit TextTable(std::vector<Column> columns) : columns_(std::move(columns)) {}
+  void print_header(std::ostream& out) const;
+  void print_row(std::ostream& out, const std::vector<std::string>& cells) const;
+
+ private:
+  std::vector<Column> columns_;
+};
+// "-" for a missing figure, else `value` with `decimals` decimals.
+std::string cell(const nlohmann::json& row, const char* key, int decimals);
+
+// Writes `series` (a JSON list of series objects) to `path`, indented.
+Status write_json_file(const std::string& path, const nlohmann::json& series);
+
+struct PlotLine {
+  std::string title;
+  std::vector<std::pair<double, double>> points;
+  bool right_axis = false;  // drawn against the second y axis
+};
+struct PlotSpec {
+  std::string png;
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  std::string y2_label;  // set when a line uses the right axis
+  bool log_x = false;
+  bool x_bytes = false;  // with log_x: base 2, labelled as byte sizes
+  std::vector<PlotLine> lines;
+};
+// Draws the lines with gnuplot (pngcairo). The Debian package is gnuplot-nox.
+Status write_plot(const PlotSpec& spec);
 
 }  // namespace ecx::cli

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_command.h"
 #include "commands.h"
 #include "ecx/core/config.h"
 #include "ecx/core/logging.h"
@@ -44,8 +46,15 @@ struct DemoOptions {
   std::string transport = "tcp";
   std::string pool_size = "1GiB";
   std::uint64_t seed = 1;
-  double duration_s = 0;
+  std::string duration_text = "0";
+  double duration_s = 0;  // from duration_text
   double deadline_s = 600;
+  // Soak sampling: RSS of both processes, pool occupancy and tombstones.
+  double sample_interval_s = 0;  // 0: duration / 120, within 1..30 s
+  double soak_warmup_s = -1;     // < 0: a quarter of the duration
+  double soak_rss_tolerance_mib = 32;
+  double soak_pool_tolerance = 0.05;  // of the pool capacity
+  std::string plot_file;
   int port = 0;
   bool checksum = true;
   std::string json_file;
@@ -90,6 +99,9 @@ json progress_json(const sim::Progress& p) {
               {"in_flight", p.in_flight},
               {"pool_used_bytes", p.pool_used_bytes},
               {"pool_capacity", p.pool_capacity},
+              {"resident_bytes", p.resident_bytes},
+              {"tombstones", p.tombstones},
+              {"tombstone_bound", p.tombstone_bound},
               {"elapsed_s", p.elapsed_s},
               {"rss_bytes", rss_bytes()}};
 }
@@ -159,24 +171,23 @@ int run_producer(const DemoOptions& o) {
   options.consumer_address = o.consumer;
   options.admit_connect = o.admit;
   options.deadline = seconds_to_duration(o.deadline_s);
-  json total{{"event", "result"}, {"requests", 0},     {"items", 0},
-             {"bytes", 0},        {"failed_saves", 0}, {"retry_afters", 0}};
-  const auto started = std::chrono::steady_clock::now();
-  for (int round = 0;; ++round) {
-    options.workload = workload_of(o, round);
-    auto r = sim::run_producer(options, &g_stop);
-    if (!r) {
-      std::cerr << "ecx demo producer: " << r.status().message() << "\n";
-      return 1;
-    }
-    total["requests"] = total["requests"].get<std::uint64_t>() + r->requests;
-    total["items"] = total["items"].get<std::uint64_t>() + r->items;
-    total["bytes"] = total["bytes"].get<std::uint64_t>() + r->bytes;
-    total["failed_saves"] = total["failed_saves"].get<std::uint64_t>() + r->failed_saves;
-    total["retry_afters"] = total["retry_afters"].get<std::uint64_t>() + r->retry_afters;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (g_stop.load() || elapsed >= o.duration_s) break;
+  // One long-lived producer runs round after round for --duration (a soak), so its
+  // RSS is that of one encoder instance, and the consumer sees one "done".
+  options.workload = workload_of(o, 0);
+  options.run_for = seconds_to_duration(o.duration_s);
+  auto r = sim::run_producer(options, &g_stop);
+  if (!r) {
+    std::cerr << "ecx demo producer: " << r.status().message() << "\n";
+    return 1;
   }
+  const json total{{"event", "result"},
+                   {"requests", r->requests},
+                   {"items", r->items},
+                   {"bytes", r->bytes},
+                   {"failed_saves", r->failed_saves},
+                   {"retry_afters", r->retry_afters},
+                   {"rounds", r->rounds},
+                   {"wall_s", r->wall_s}};
   std::cout << total.dump() << std::endl;
   return 0;
 }
@@ -189,6 +200,122 @@ int run_demo(const DemoOptions& o);
 namespace {
 
 std::string human_bytes(double b) { return format_bytes(static_cast<std::uint64_t>(std::max(0.0, b))); }
+
+// Resident set of another process (0 once it has gone).
+std::uint64_t rss_of(pid_t pid) {
+  std::ifstream statm(fmt::format("/proc/{}/statm", pid));
+  std::uint64_t pages = 0, resident = 0;
+  if (!(statm >> pages >> resident)) return 0;
+  return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// One soak sample from a consumer progress line and both processes' RSS.
+json soak_sample(const json& progress, std::uint64_t consumer_rss, std::uint64_t producer_rss) {
+  return json{{"t_s", progress.value("elapsed_s", 0.0)},
+              {"consumer_rss_bytes", consumer_rss},
+              {"producer_rss_bytes", producer_rss},
+              {"pool_used_bytes", progress.value("pool_used_bytes", std::uint64_t{0})},
+              {"pool_capacity", progress.value("pool_capacity", std::uint64_t{0})},
+              {"resident_bytes", progress.value("resident_bytes", std::uint64_t{0})},
+              {"tombstones", progress.value("tombstones", std::uint64_t{0})},
+              {"tombstone_bound", progress.value("tombstone_bound", std::uint64_t{0})},
+              {"requests_ready", progress.value("requests_ready", std::uint64_t{0})},
+              {"bytes_moved", progress.value("bytes_moved", std::uint64_t{0})}};
+}
+
+double median_of(const std::vector<json>& samples, std::size_t from, std::size_t to, const char* key) {
+  std::vector<double> values;
+  for (std::size_t i = from; i < to; ++i) values.push_back(samples[i].value(key, 0.0));
+  return sim::percentile(values, 50);
+}
+
+// Pool bytes held by something other than the resident cache (writers, landed
+// payloads not yet taken): a leak raises the floor of this sawtooth.
+double held_floor(const std::vector<json>& samples, std::size_t from, std::size_t to) {
+  double floor = 0;
+  for (std::size_t i = from; i < to; ++i) {
+    const double held = samples[i].value("pool_used_bytes", 0.0) - samples[i].value("resident_bytes", 0.0);
+    floor = i == from ? held : std::min(floor, held);
+  }
+  return floor;
+}
+
+// Growth after warm-up: the median of the last third of the samples taken after
+// warm-up minus that of the first third (pool: also the floor of the bytes held
+// outside the resident cache); tombstones against their bound over the whole run.
+json evaluate_soak(const std::vector<json>& samples, const DemoOptions& o) {
+  const double warmup = o.soak_warmup_s >= 0 ? o.soak_warmup_s : o.duration_s / 4;
+  std::vector<json> after;
+  for (const auto& s : samples) {
+    if (s.value("t_s", 0.0) >= warmup) after.push_back(s);
+  }
+  std::uint64_t tombstones_max = 0, tombstone_bound = 0, capacity = 0;
+  for (const auto& s : samples) {
+    tombstones_max = std::max(tombstones_max, s.value("tombstones", std::uint64_t{0}));
+    tombstone_bound = std::max(tombstone_bound, s.value("tombstone_bound", std::uint64_t{0}));
+    capacity = std::max(capacity, s.value("pool_capacity", std::uint64_t{0}));
+  }
+  const double rss_tolerance = o.soak_rss_tolerance_mib * 1024 * 1024;
+  const double pool_tolerance = o.soak_pool_tolerance * static_cast<double>(capacity);
+  json soak{{"warmup_s", warmup},
+            {"samples_after_warmup", after.size()},
+            {"rss_tolerance_bytes", rss_tolerance},
+            {"pool_tolerance_bytes", pool_tolerance},
+            {"tombstones_max", tombstones_max},
+            {"tombstone_bound", tombstone_bound}};
+  const bool tombstones_ok = tombstones_max <= tombstone_bound;
+  soak["tombstones_ok"] = tombstones_ok;
+  if (after.size() < 6) {
+    soak["judged"] = false;
+    soak["passed"] = tombstones_ok;
+    return soak;
+  }
+  const std::size_t third = after.size() / 3;
+  const std::size_t last = after.size() - third;
+  auto growth = [&](const char* key) {
+    return median_of(after, last, after.size(), key) - median_of(after, 0, third, key);
+  };
+  const double consumer_rss = growth("consumer_rss_bytes");
+  const double producer_rss = growth("producer_rss_bytes");
+  const double pool_used = growth("pool_used_bytes");
+  const double pool_held_floor = held_floor(after, last, after.size()) - held_floor(after, 0, third);
+  soak["judged"] = true;
+  soak["consumer_rss_start_bytes"] = median_of(after, 0, third, "consumer_rss_bytes");
+  soak["producer_rss_start_bytes"] = median_of(after, 0, third, "producer_rss_bytes");
+  soak["consumer_rss_growth_bytes"] = consumer_rss;
+  soak["producer_rss_growth_bytes"] = producer_rss;
+  soak["pool_used_start_bytes"] = median_of(after, 0, third, "pool_used_bytes");
+  soak["pool_used_growth_bytes"] = pool_used;
+  soak["pool_held_floor_growth_bytes"] = pool_held_floor;
+  const bool rss_ok = consumer_rss <= rss_tolerance && producer_rss <= rss_tolerance;
+  const bool pool_ok = pool_used <= pool_tolerance && pool_held_floor <= pool_tolerance;
+  soak["rss_ok"] = rss_ok;
+  soak["pool_ok"] = pool_ok;
+  soak["passed"] = rss_ok && pool_ok && tombstones_ok;
+  return soak;
+}
+
+Status plot_soak(const std::string& png, const std::vector<json>& samples) {
+  PlotSpec spec;
+  spec.png = png;
+  spec.title = "ecx demo: memory and pool over time";
+  spec.x_label = "seconds";
+  spec.y_label = "MiB";
+  spec.y2_label = "tombstones";
+  const std::vector<std::pair<std::string, std::string>> keys = {{"consumer RSS", "consumer_rss_bytes"},
+                                                                 {"producer RSS", "producer_rss_bytes"},
+                                                                 {"consumer pool used", "pool_used_bytes"},
+                                                                 {"of which resident", "resident_bytes"}};
+  for (const auto& [title, key] : keys) {
+    PlotLine line{title, {}, false};
+    for (const auto& s : samples) line.points.emplace_back(s.value("t_s", 0.0), s.value(key, 0.0) / (1 << 20));
+    spec.lines.push_back(std::move(line));
+  }
+  PlotLine tombstones{"tombstones (right axis)", {}, true};
+  for (const auto& s : samples) tombstones.points.emplace_back(s.value("t_s", 0.0), s.value("tombstones", 0.0));
+  spec.lines.push_back(std::move(tombstones));
+  return write_plot(spec);
+}
 
 void render_progress(const json& p, bool tty) {
   const auto line =
@@ -290,6 +417,15 @@ int run_demo(const DemoOptions& options) {
   }
   std::optional<json> consumer_result;
   std::optional<json> producer_result;
+  std::vector<json> samples;
+  const double sample_interval =
+      o.sample_interval_s > 0 ? o.sample_interval_s : std::clamp(o.duration_s / 120, 1.0, 30.0);
+  auto sample = [&](const json& progress) {
+    if (!samples.empty() && progress.value("elapsed_s", 0.0) < samples.back().value("t_s", 0.0) + sample_interval) {
+      return;
+    }
+    samples.push_back(soak_sample(progress, rss_of(consumer->pid()), rss_of(producer->pid())));
+  };
   const auto deadline = std::chrono::steady_clock::now() + seconds_to_duration(o.deadline_s + 60);
   while ((!consumer_result || !producer_result) && std::chrono::steady_clock::now() < deadline) {
     if (g_stop.load()) {
@@ -300,7 +436,10 @@ int run_demo(const DemoOptions& options) {
       if (auto line = consumer->read_line(std::chrono::milliseconds(100))) {
         auto doc = json::parse(*line, nullptr, false);
         if (!doc.is_discarded()) {
-          if (doc.value("event", "") == "progress" && !o.quiet) render_progress(doc, tty);
+          if (doc.value("event", "") == "progress") {
+            sample(doc);
+            if (!o.quiet) render_progress(doc, tty);
+          }
           if (doc.value("event", "") == "result") consumer_result = doc;
         }
       } else if (consumer->eof()) {
@@ -316,6 +455,10 @@ int run_demo(const DemoOptions& options) {
     if (consumer_result && producer->eof()) break;  // the producer ended (its summary, if any, was read)
   }
   if (tty) std::cout << "\n";
+  // The last picture, from the consumer's own final figures, before the processes go.
+  if (consumer_result)
+    samples.push_back(soak_sample(*consumer_result, rss_of(consumer->pid()),
+                                  samples.empty() ? 0 : samples.back().value("producer_rss_bytes", std::uint64_t{0})));
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
   const auto producer_exit = producer->wait(std::chrono::seconds(30));
   if (!consumer_result) {
@@ -356,7 +499,12 @@ int run_demo(const DemoOptions& options) {
                       summary["leaked_pool_bytes"] == 0 && summary["checksum_mismatches"] == 0 &&
                       summary["content_mismatches"] == 0 && summary["invariant_error"] == "" &&
                       consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
-  summary["passed"] = passed;
+  const bool soak_run = o.duration_s > 0;
+  json soak = evaluate_soak(samples, o);
+  summary["samples"] = samples;
+  if (soak_run) summary["soak"] = soak;
+  const bool soak_passed = !soak_run || soak.value("passed", false);
+  summary["passed"] = passed && soak_passed;
   auto row = [](std::string_view label, const std::string& value, std::string_view check = "") {
     std::cout << fmt::format("  {:<28}{:>16}  {}\n", label, value, check);
   };
@@ -382,11 +530,40 @@ int run_demo(const DemoOptions& options) {
       mark(summary["invariant_error"] == ""));
   row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
   row("wall time", fmt::format("{:.1f} s", wall));
-  std::cout << (passed ? "\nPASSED\n" : "\nFAILED\n");
+  if (soak_run) {
+    row("producer rounds", std::to_string(producer_result ? producer_result->value("rounds", 0ULL) : 0ULL));
+    std::cout << fmt::format(
+        "\nsoak: {} samples, {} after a {:.0f} s warm-up (growth: median of the last third "
+        "minus the first)\n",
+        samples.size(), soak.value("samples_after_warmup", 0), soak.value("warmup_s", 0.0));
+    const double tolerance_mib = soak.value("rss_tolerance_bytes", 0.0) / (1 << 20);
+    auto mib = [](const json& j, const char* key) { return fmt::format("{:+.1f} MiB", j.value(key, 0.0) / (1 << 20)); };
+    if (soak.value("judged", false)) {
+      const bool rss_ok = soak.value("rss_ok", false);
+      const bool pool_ok = soak.value("pool_ok", false);
+      row("consumer RSS growth", mib(soak, "consumer_rss_growth_bytes"),
+          fmt::format("{} (tolerance {:.0f} MiB)", mark(rss_ok), tolerance_mib));
+      row("producer RSS growth", mib(soak, "producer_rss_growth_bytes"),
+          fmt::format("{} (tolerance {:.0f} MiB)", mark(rss_ok), tolerance_mib));
+      const auto pool_note =
+          fmt::format("{} (tolerance {:.0f} MiB)", mark(pool_ok), soak.value("pool_tolerance_bytes", 0.0) / (1 << 20));
+      row("pool used growth", mib(soak, "pool_used_growth_bytes"), pool_note);
+      row("pool held-floor growth", mib(soak, "pool_held_floor_growth_bytes"), pool_note);
+    } else {
+      row("growth", "not judged", "(too few samples after warm-up)");
+    }
+    row("tombstones (max / bound)",
+        fmt::format("{} / {}", soak.value("tombstones_max", 0ULL), soak.value("tombstone_bound", 0ULL)),
+        mark(soak.value("tombstones_ok", false)));
+  }
+  std::cout << (summary["passed"].get<bool>() ? "\nPASSED\n" : "\nFAILED\n");
   if (!o.json_file.empty()) {
     std::ofstream(o.json_file) << summary.dump(2) << "\n";
   }
-  return passed ? 0 : 1;
+  if (!o.plot_file.empty()) {
+    if (auto st = plot_soak(o.plot_file, samples); !st) std::cerr << "ecx demo: " << st.message() << "\n";
+  }
+  return summary["passed"].get<bool>() ? 0 : 1;
 }
 
 namespace {
@@ -425,8 +602,22 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
       ->capture_default_str();
   demo->add_option("--seed", o->seed, "workload seed")->capture_default_str();
-  demo->add_option("--duration", o->duration_s, "keep running new rounds for this many seconds (soak)")
+  demo->add_option("--duration", o->duration_text,
+                   "keep running new rounds for this long (a soak): seconds, or with s, m, h (10m)")
       ->capture_default_str();
+  demo->add_option("--sample-interval", o->sample_interval_s,
+                   "seconds between soak samples (0: duration / 120, within 1..30)")
+      ->capture_default_str();
+  demo->add_option("--soak-warmup", o->soak_warmup_s, "seconds of warm-up before growth counts (<0: duration / 4)")
+      ->capture_default_str();
+  demo->add_option("--soak-rss-tolerance", o->soak_rss_tolerance_mib,
+                   "MiB a process's RSS may grow after warm-up before the soak fails")
+      ->capture_default_str();
+  demo->add_option("--soak-pool-tolerance", o->soak_pool_tolerance,
+                   "share of the pool its occupancy may grow after warm-up before the soak fails")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  demo->add_option("--plot", o->plot_file, "draw RSS, pool use and tombstones over time into FILE.png (gnuplot)");
   demo->add_option("--deadline", o->deadline_s, "give up after this many seconds")->capture_default_str();
   demo->add_option("--port", o->port, "consumer base control port (0 = pick free ports)")->capture_default_str();
   demo->add_flag("--checksum,!--no-checksum", o->checksum, "verify xxHash64 checksums on landing")
@@ -447,6 +638,15 @@ void add_demo_command(CLI::App& app, Runner& run) {
         std::cerr << "ecx demo: --min-* must not exceed --max-*\n";
         return 2;
       }
+      auto duration = parse_duration_seconds(o->duration_text);
+      if (!duration || *duration < 0) {
+        std::cerr << "ecx demo: --duration: "
+                  << (duration ? std::string("must not be negative") : duration.status().message()) << "\n";
+        return 2;
+      }
+      o->duration_s = *duration;
+      // A soak must not run into the deadline meant for one round.
+      if (o->role == "all") o->deadline_s = std::max(o->deadline_s, o->duration_s + 300);
       if (o->role == "consumer") return run_consumer(*o);
       if (o->role == "producer") return run_producer(*o);
       return run_demo(*o);

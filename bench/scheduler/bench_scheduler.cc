@@ -8,7 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include "ecx/core/logging.h"
-#include "scheduler_fixtures.h"
+#include "sim/scheduler_fixtures.h"
 
 namespace ecx::scheduler::bench {
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "ecx/core/logging.h"
-#include "scheduler_fixtures.h"
+#include "sim/scheduler_fixtures.h"
 
 namespace ecx::scheduler::bench {
 namespace {

@@ -135,9 +135,9 @@ struct ConsumerSim::State {
     order.erase(std::remove(order.begin(), order.end(), id), order.end());
   }
 
-  // The request's items are all loaded: allocate them (as vLLM's scheduler does),
-  // "run" it (verify every rank's copy) and finish it.
-  void run_request(Pending& p) {
+  // The gate opened: allocate the request's encoder-cache entries, as vLLM's
+  // scheduler does before it builds the step's connector metadata.
+  bool allocate_request(Pending& p) {
     bool ok = true;
     for (std::size_t i = 0; i < p.items.size(); ++i) {
       const auto& h = p.items[i].mm_hash;
@@ -151,6 +151,14 @@ struct ConsumerSim::State {
       }
       ++users;
     }
+    return ok;
+  }
+
+  // The step's forward pass: every rank's encoder cache must hold every item,
+  // byte for byte (after this step's drops and loads). Then the request finishes;
+  // entries nobody uses any more are freed in the next step's metadata, as vLLM
+  // reports frees.
+  void run_request(Pending& p, bool ok) {
     for (std::size_t rank = 0; rank < caches.size() && ok; ++rank) {
       for (const auto& item : p.items) {
         auto found = caches[rank].find(item.mm_hash);
@@ -182,19 +190,19 @@ struct ConsumerSim::State {
 
   void step() {
     admit_messages();
-    std::vector<std::string> gate_open;
+    // Schedule: gate, then allocate what passed.
+    std::vector<std::pair<std::string, bool>> scheduled;  // (request id, allocated cleanly)
     for (const auto& id : order) {
       auto& p = pending.at(id);
       if (p.view.has_malformed_params()) continue;  // the scheduler reports it unavailable
-      if (scheduler->ensure_cache_available(p.view, 0)) gate_open.push_back(id);
+      if (scheduler->ensure_cache_available(p.view, 0)) scheduled.emplace_back(id, false);
     }
-    for (const auto& id : gate_open) {
-      if (auto it = pending.find(id); it != pending.end()) run_request(it->second);
-    }
+    for (auto& [id, ok] : scheduled) ok = allocate_request(pending.at(id));
     scheduler::StepView view;
     view.free_encoder_mm_hashes = std::move(to_free);
     to_free.clear();
     const auto meta = scheduler->build_connector_meta(view);
+    // Workers: drop the freed entries, then load.
     std::optional<worker::WorkerMeta> merged;
     for (std::size_t rank = 0; rank < workers.size(); ++rank) {
       auto& cache = caches[rank];
@@ -213,6 +221,9 @@ struct ConsumerSim::State {
       for (auto& cache : caches) cache.erase(h);
     }
     if (merged) scheduler->update_connector_output(merged->to_output());
+    for (const auto& [id, ok] : scheduled) {
+      if (auto it = pending.find(id); it != pending.end()) run_request(it->second, ok);
+    }
     for (const auto& id : scheduler->take_unavailable_requests()) {
       log->warn("request {} failed: the scheduler reports an input it cannot obtain", id);
       resolve(id, false);
@@ -228,6 +239,9 @@ struct ConsumerSim::State {
         const auto c = shard->counters().reservations;
         p.pool_used_bytes += c.pool_used_bytes;
         p.pool_capacity += c.pool_capacity;
+        p.resident_bytes += c.resident_bytes;
+        p.tombstones += c.tombstones;
+        p.tombstone_bound += options.config.tombstone_max;
       }
     }
     p.elapsed_s = duration_to_seconds(options.clock->now() - started);
@@ -318,7 +332,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
 
 Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atomic<bool>* stop) {
   auto log = ecx::log::get("sim");
-  const auto workload = make_workload(o.workload);
+  auto workload = make_workload(o.workload);
   auto coordinator = worker::make_scheduler_coordinator(o.config, o.workload.dtype, o.workload.hidden, o.clock);
   if (!coordinator) return coordinator.status();
   auto& scheduler = **coordinator;
@@ -342,7 +356,16 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
   std::size_t next = 0;
+  result.rounds = 1;
   while (o.clock->now() < deadline && !(stop && stop->load())) {
+    if (next >= workload.size() && o.clock->now() - started < o.run_for) {
+      WorkloadOptions round = o.workload;
+      round.seed = o.workload.seed + result.rounds;
+      round.id_prefix = fmt::format("{}-r{}", o.workload.id_prefix, result.rounds);
+      workload = make_workload(round);
+      next = 0;
+      ++result.rounds;
+    }
     std::vector<const SimRequest*> batch;
     const auto active = worker.push_engine()->counters().pushes.active;
     while (next < workload.size() && active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) &&
@@ -389,7 +412,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       ++result.requests;
     }
     if (auto m = worker.build_worker_meta()) scheduler.update_connector_output(m->to_output());
-    if (next >= workload.size() && !worker.push_engine()->pending()) break;
+    if (next >= workload.size() && !worker.push_engine()->pending() && o.clock->now() - started >= o.run_for) break;
     if (batch.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   const auto counters = worker.push_engine()->counters();

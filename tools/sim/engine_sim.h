@@ -35,6 +35,9 @@ struct Progress {
   std::uint64_t in_flight = 0;    // admitted, not yet resolved
   std::uint64_t pool_used_bytes = 0;
   std::uint64_t pool_capacity = 0;
+  std::uint64_t resident_bytes = 0;   // of pool_used_bytes: landed copies kept for reuse
+  std::uint64_t tombstones = 0;       // terminal records the reservation managers keep
+  std::uint64_t tombstone_bound = 0;  // their cap (tombstone_max per shard), all shards
   double elapsed_s = 0;
 };
 
@@ -91,6 +94,7 @@ struct ProducerResult {
   std::uint64_t bytes = 0;
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
+  std::uint64_t rounds = 0;
   double wall_s = 0;
 };
 
@@ -99,6 +103,9 @@ struct ProducerSimOptions {
   std::string consumer_address;  // the consumer's base control address
   std::string admit_connect;     // the consumer's admit endpoint
   WorkloadOptions workload;
+  // > 0: after the workload, start another round of it (seed + round, fresh ids) until
+  // this much time has passed, in the same producer (a soak of one long-lived encoder).
+  Duration run_for{0};
   int max_active_pushes = 64;  // pacing: new requests wait while more pushes are in flight
   Duration deadline = std::chrono::minutes(10);
   std::shared_ptr<const Clock> clock = SteadyClock::shared();

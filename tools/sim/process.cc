@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -111,11 +112,15 @@ std::optional<std::string> ChildProcess::read_line(std::chrono::milliseconds tim
       return line;
     }
     if (eof_ || fd_ < 0) return std::nullopt;
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return std::nullopt;
+    // Rounded up and polled at least once: a short timeout (1 ms) must still see
+    // what is ready, EOF included.
+    const auto left = std::max<std::int64_t>(
+        0, std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    if (::poll(&p, 1, static_cast<int>(left)) <= 0) {
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      continue;
+    }
     char chunk[4096];
     const ssize_t n = ::read(fd_, chunk, sizeof(chunk));
     if (n <= 0) {

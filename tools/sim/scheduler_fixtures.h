@@ -1,6 +1,6 @@
 #pragma once
-// Workloads shared by bench_scheduler (timings) and scheduler_opcount
-// (instruction counts under callgrind), so both measure the same thing.
+// Workloads shared by bench_scheduler (timings), `ecx bench scheduler` and scheduler_opcount
+// (instruction counts under callgrind), so all three measure the same thing.
 //
 // Realistic keys: transfer ids are 32 hex digits (what the proxy mints), mm_hashes
 // 64 (a hex digest, as the engine's item hashes are) — too long for a string's

@@ -1,0 +1,517 @@
+// `ecx bench e2e`: transfers through the whole engine — a consumer process
+// (scheduler and worker coordinators stepped like an engine, ReservationManager,
+// pool, ZeroMQ control, UCX) and a producer process (push engine, staging) — for
+// fixed item sizes: transfers/s, GB/s and time-to-ready p50/p99, next to the raw
+// UCX data plane (`ecx bench transport`, same sizes, same run) for the added
+// latency.
+//
+// Each size runs two phases: `throughput` (many pushes in flight) and `latency`
+// (one push at a time). Two hosts: `--role consumer --listen HOST:PORT` on one,
+// `--role producer --connect HOST:PORT` on the other; phase k uses the ports
+// PORT + k * (TP + 1) (the admit channel) and the TP control ports after it. The
+// default role `all` runs both roles as child processes on 127.0.0.1 and adds the
+// raw-transport baseline.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_command.h"
+#include "commands.h"
+#include "ecx/control/client.h"
+#include "ecx/core/config.h"
+#include "ecx/core/logging.h"
+#include "sim/engine_sim.h"
+#include "sim/process.h"
+
+namespace ecx::cli {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+struct E2eOptions {
+  std::string role = "all";
+  std::string listen;   // consumer: HOST:PORT
+  std::string connect;  // producer: HOST:PORT
+  std::string sizes_text = "64KiB,9MiB";
+  std::uint64_t count = 0;          // items per throughput phase (0: automatic)
+  std::uint64_t latency_count = 0;  // items per latency phase (0: automatic)
+  int window = 32;                  // pushes in flight in the throughput phase
+  int tp = 1;
+  std::string transport = "tcp";
+  std::string pool_size = "1GiB";
+  bool checksum = false;
+  bool baseline = true;
+  double phase_timeout_s = 300;
+  std::string json_file;
+};
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+struct Phase {
+  std::uint64_t size = 0;
+  std::string name;  // throughput | latency
+  int window = 1;
+  std::uint64_t items = 0;
+};
+
+std::uint64_t auto_count(std::uint64_t size) { return std::clamp<std::uint64_t>((2ULL << 30) / size, 100, 3000); }
+std::uint64_t auto_latency_count(std::uint64_t size) {
+  return std::clamp<std::uint64_t>((256ULL << 20) / size, 30, 300);
+}
+// The first transfers pay for connecting (topology discovery, UCX endpoints) and
+// are left out of the figures.
+std::uint64_t warmup_items(std::uint64_t items) { return std::min<std::uint64_t>(10, items / 10); }
+
+Result<std::vector<Phase>> plan(const E2eOptions& o) {
+  auto sizes = parse_byte_sizes(o.sizes_text);
+  if (!sizes) return sizes.status();
+  std::vector<Phase> phases;
+  for (const auto size : *sizes) {
+    phases.push_back(Phase{size, "throughput", o.window, o.count ? o.count : auto_count(size)});
+    phases.push_back(Phase{size, "latency", 1, o.latency_count ? o.latency_count : auto_latency_count(size)});
+  }
+  return phases;
+}
+
+Result<std::pair<std::string, int>> split_host_port(const std::string& text, const char* flag) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return invalid_argument(fmt::format("{} '{}': expected HOST:PORT", flag, text));
+  }
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = 0;
+  try {
+    port = std::stoi(text.substr(colon + 1));
+  } catch (const std::exception&) {
+    port = 0;
+  }
+  if (port <= 0 || port > 65535) return invalid_argument(fmt::format("{} '{}': the port must be 1..65535", flag, text));
+  return std::pair{host, port};
+}
+
+int phase_port(int base, int tp, std::size_t phase) { return base + static_cast<int>(phase) * (tp + 1); }
+
+Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& host, int control_port) {
+  json extra{{"checksum", o.checksum},
+             {"push_wait_timeout_s", 60},
+             {"control_timeout_s", 10},
+             {"shutdown_drain_timeout_s", 5}};
+  json doc{{"ec_role", role_name(role)}, {"ec_ip", host},
+           {"ec_port", control_port},    {"ec_buffer_size", o.pool_size},
+           {"ec_buffer_device", "cpu"},  {"ec_connector_extra_config", extra}};
+  ParallelLayout layout;
+  if (role == Role::consumer) layout.tp_size = o.tp;
+  return parse_config(doc.dump(), layout);
+}
+
+// ---------------------------------------------------------------- consumer role
+
+Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::string& host, int port) {
+  auto config = e2e_config(o, Role::consumer, host, port + 1);
+  if (!config) return config.status();
+  sim::ConsumerSimOptions options;
+  options.config = *config;
+  options.admit_bind = tcp_address(host, port);
+  options.deadline = seconds_to_duration(o.phase_timeout_s);
+  // The throughput window: from the ready of the last warm-up transfer to the last ready.
+  const std::uint64_t warmup = warmup_items(phase.items);
+  std::optional<double> window_start;
+  double last_ready_s = 0;
+  std::uint64_t last_ready = 0;
+  options.on_step = [&](const sim::Progress& p) {
+    if (p.requests_ready >= warmup && !window_start) window_start = p.elapsed_s;
+    if (p.requests_ready != last_ready) {
+      last_ready = p.requests_ready;
+      last_ready_s = p.elapsed_s;
+    }
+  };
+  auto consumer = sim::ConsumerSim::start(std::move(options));
+  if (!consumer) return consumer.status();
+  std::cout << json{{"event", "listening"}, {"admit", (*consumer)->admit_endpoint()}}.dump() << std::endl;
+  const auto r = (*consumer)->run(&g_stop);
+  // run() returns on the step that resolved the last item, before calling on_step.
+  if (r.progress.requests_ready != last_ready) last_ready_s = r.progress.elapsed_s;
+  std::vector<double> ttr_us;
+  for (std::size_t i = warmup; i < r.time_to_ready_ms.size(); ++i) ttr_us.push_back(r.time_to_ready_ms[i] * 1000);
+  const double seconds = window_start ? last_ready_s - *window_start : 0;
+  const double measured = static_cast<double>(r.progress.requests_ready - std::min(r.progress.requests_ready, warmup));
+  const double per_s = seconds > 0 ? measured / seconds : 0;
+  json out{{"event", "phase"},
+           {"series", "ecx_e2e"},
+           {"phase", phase.name},
+           {"size_bytes", phase.size},
+           {"window", phase.window},
+           {"tp", o.tp},
+           {"items", phase.items},
+           {"items_ready", r.progress.requests_ready},
+           {"items_failed", r.progress.requests_failed},
+           {"warmup_items", warmup},
+           {"per_s", per_s},
+           {"gbps", per_s * static_cast<double>(phase.size) / 1e9},
+           {"p50_us", sim::percentile(ttr_us, 50)},
+           {"p99_us", sim::percentile(ttr_us, 99)},
+           {"leaked_pool_bytes", r.leaked_pool_bytes},
+           {"checksum_mismatches", r.checksum_mismatches},
+           {"content_mismatches", r.content_mismatches},
+           {"invariant_error", r.invariant_error}};
+  out["ok"] = r.progress.requests_failed == 0 && r.progress.requests_ready == phase.items && r.leaked_pool_bytes == 0 &&
+              r.checksum_mismatches == 0 && r.content_mismatches == 0 && r.invariant_error.empty();
+  return out;
+}
+
+const TextTable& results_table() {
+  static const TextTable table({{"size", 8},
+                                {"phase", 10},
+                                {"series", 13},
+                                {"window", 6},
+                                {"transfers/s", 11},
+                                {"GB/s", 7},
+                                {"p50 us", 9},
+                                {"p99 us", 9},
+                                {"+p50 us", 9},
+                                {"+p99 us", 9},
+                                {"GB/s ratio", 10}});
+  return table;
+}
+
+void print_row(const json& s) {
+  results_table().print_row(
+      std::cout, {byte_size_label(s.value("size_bytes", std::uint64_t{0})), s.value("phase", std::string()),
+                  s.value("series", std::string()), std::to_string(s.value("window", 0)), cell(s, "per_s", 0),
+                  cell(s, "gbps", 2), cell(s, "p50_us", 0), cell(s, "p99_us", 0), cell(s, "added_p50_us", 0),
+                  cell(s, "added_p99_us", 0), cell(s, "ratio_vs_transport_gbps", 2)});
+}
+
+int run_consumer_role(const E2eOptions& o) {
+  auto address = split_host_port(o.listen, "--listen");
+  auto phases = plan(o);
+  if (!address || !phases) {
+    std::cerr << "ecx bench e2e: " << (address ? phases.status() : address.status()).message() << "\n";
+    return 2;
+  }
+  const bool human = o.role == "consumer";
+  json all = json::array();
+  bool ok = true;
+  for (std::size_t k = 0; k < phases->size() && !g_stop.load(); ++k) {
+    auto result = consume_phase(o, (*phases)[k], address->first, phase_port(address->second, o.tp, k));
+    if (!result) {
+      std::cerr << "ecx bench e2e consumer: " << result.status().message() << "\n";
+      return 1;
+    }
+    ok = ok && result->value("ok", false);
+    std::cout << result->dump() << std::endl;
+    all.push_back(std::move(*result));
+  }
+  if (human) {
+    results_table().print_header(std::cout);
+    for (const auto& s : all) print_row(s);
+    if (!o.json_file.empty()) {
+      if (auto st = write_json_file(o.json_file, all); !st) std::cerr << "ecx bench e2e: " << st.message() << "\n";
+    }
+  }
+  return ok && all.size() == phases->size() ? 0 : 1;
+}
+
+// ---------------------------------------------------------------- producer role
+
+// Phase k's consumer answers once the previous phase is over; wait for it.
+Status wait_for_consumer(const std::string& address, std::chrono::seconds timeout) {
+  auto client = control::ControlClient::create(control::ClientOptions{});
+  if (!client) return client.status();
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  Status last;
+  while (std::chrono::steady_clock::now() < give_up && !g_stop.load()) {
+    auto hello = (*client)->hello(address, 1s);
+    if (hello) return Status::ok();
+    last = hello.status();
+    std::this_thread::sleep_for(100ms);
+  }
+  return unavailable(fmt::format("no consumer answered at {}: {}", address, last.message()));
+}
+
+int run_producer_role(const E2eOptions& o) {
+  auto address = split_host_port(o.connect, "--connect");
+  auto phases = plan(o);
+  if (!address || !phases) {
+    std::cerr << "ecx bench e2e: " << (address ? phases.status() : address.status()).message() << "\n";
+    return 2;
+  }
+  bool ok = true;
+  for (std::size_t k = 0; k < phases->size() && !g_stop.load(); ++k) {
+    const auto& phase = (*phases)[k];
+    const int port = phase_port(address->second, o.tp, k);
+    // (A producer binds nothing: its ec_ip and ec_port are unused.)
+    auto config = e2e_config(o, Role::producer, "127.0.0.1", port + 1);
+    if (!config) {
+      std::cerr << "ecx bench e2e: " << config.status().message() << "\n";
+      return 2;
+    }
+    const std::string control = tcp_address(address->first, port + 1);
+    if (auto st = wait_for_consumer(control, std::chrono::seconds(static_cast<int>(o.phase_timeout_s))); !st) {
+      std::cerr << "ecx bench e2e producer: " << st.message() << "\n";
+      return 1;
+    }
+    sim::ProducerSimOptions options;
+    options.config = *config;
+    options.consumer_address = control;
+    options.admit_connect = tcp_address(address->first, port);
+    options.max_active_pushes = phase.window;
+    options.deadline = seconds_to_duration(o.phase_timeout_s);
+    options.workload.requests = static_cast<int>(phase.items);
+    options.workload.min_images = 1;
+    options.workload.max_images = 1;
+    options.workload.repeat_fraction = 0;
+    options.workload.fixed_bytes = phase.size;
+    options.workload.id_prefix = fmt::format("e2e{}-{}", k, ::getpid());
+    auto r = sim::run_producer(options, &g_stop);
+    if (!r) {
+      std::cerr << "ecx bench e2e producer: " << r.status().message() << "\n";
+      return 1;
+    }
+    ok = ok && r->failed_saves == 0;
+    std::cout << json{{"event", "produced"},
+                      {"phase", phase.name},
+                      {"size_bytes", phase.size},
+                      {"items", r->items},
+                      {"failed_saves", r->failed_saves},
+                      {"retry_afters", r->retry_afters},
+                      {"wall_s", r->wall_s}}
+                     .dump()
+              << std::endl;
+  }
+  return ok ? 0 : 1;
+}
+
+// ---------------------------------------------------------------- both, and the baseline
+
+// `ecx bench transport` for one size and window, ECX series only.
+Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    fmt::format("ecx-e2e-transport-{}-{}-{}.json", ::getpid(), phase.size, phase.window);
+  const std::uint64_t count = std::max<std::uint64_t>(phase.items, 20);
+  auto child = sim::ChildProcess::spawn({sim::self_executable(), "bench", "transport", "--transport", o.transport,
+                                         "--size", std::to_string(phase.size), "--window",
+                                         std::to_string(std::min(phase.window, 64)), "--count", std::to_string(count),
+                                         "--repeat", "1", "--no-perftest", "--json", file.string()});
+  if (!child) return child.status();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(static_cast<int>(o.phase_timeout_s));
+  while (!child->eof() && std::chrono::steady_clock::now() < give_up) {
+    (void)child->read_line(std::chrono::milliseconds(200));
+  }
+  const auto exit = child->wait(std::chrono::seconds(10));
+  std::ifstream in(file);
+  json list = json::parse(in, nullptr, false);
+  std::error_code error;
+  std::filesystem::remove(file, error);
+  if (exit.value_or(-1) != 0 || !list.is_array()) {
+    return unavailable(fmt::format("ecx bench transport failed (exit {})", exit.value_or(-1)));
+  }
+  for (const auto& s : list) {
+    if (s.value("series", "") != "ecx") continue;
+    json out{{"series", "transport_raw"},
+             {"phase", phase.name},
+             {"size_bytes", phase.size},
+             {"window", std::min(phase.window, 64)},
+             {"per_s", s.value("gbps", 0.0) * 1e9 / static_cast<double>(phase.size)},
+             {"gbps", s.value("gbps", 0.0)}};
+    if (s.contains("p50_us")) out["p50_us"] = s["p50_us"];
+    if (s.contains("p99_us")) out["p99_us"] = s["p99_us"];
+    return out;
+  }
+  return unavailable("ecx bench transport printed no ecx series");
+}
+
+int run_all(const E2eOptions& o) {
+  auto phases = plan(o);
+  if (!phases) {
+    std::cerr << "ecx bench e2e: " << phases.status().message() << "\n";
+    return 2;
+  }
+  const int port = sim::free_port_block(static_cast<int>(phases->size()) * (o.tp + 1));
+  if (port == 0) {
+    std::cerr << "ecx bench e2e: no free block of ports on 127.0.0.1\n";
+    return 1;
+  }
+  std::string load = "?";
+  if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
+  std::cout << fmt::format(
+      "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, sizes {}; "
+      "load average {} on {} CPUs\n",
+      o.tp, o.transport, o.checksum ? "on" : "off", o.sizes_text, load, std::thread::hardware_concurrency());
+  auto role_args = [&](const std::string& role, const std::string& flag) {
+    std::vector<std::string> argv = {sim::self_executable(),
+                                     "bench",
+                                     "e2e",
+                                     "--role",
+                                     role,
+                                     flag,
+                                     fmt::format("127.0.0.1:{}", port),
+                                     "--sizes",
+                                     o.sizes_text,
+                                     "--window",
+                                     std::to_string(o.window),
+                                     "--tp",
+                                     std::to_string(o.tp),
+                                     "--pool-size",
+                                     o.pool_size,
+                                     "--phase-timeout",
+                                     fmt::format("{}", o.phase_timeout_s),
+                                     o.checksum ? "--checksum" : "--no-checksum"};
+    if (o.count) argv.insert(argv.end(), {"--count", std::to_string(o.count)});
+    if (o.latency_count) argv.insert(argv.end(), {"--latency-count", std::to_string(o.latency_count)});
+    return argv;
+  };
+  const std::vector<std::string> env = {"UCX_TLS=" + std::string(o.transport == "shm" ? "sm,self" : "tcp")};
+  auto consumer = sim::ChildProcess::spawn(role_args("consumer", "--listen"), env);
+  if (!consumer) {
+    std::cerr << "ecx bench e2e: " << consumer.status().message() << "\n";
+    return 1;
+  }
+  auto producer = sim::ChildProcess::spawn(role_args("producer", "--connect"), env);
+  if (!producer) {
+    std::cerr << "ecx bench e2e: " << producer.status().message() << "\n";
+    return 1;
+  }
+  std::vector<json> results;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        seconds_to_duration(o.phase_timeout_s * static_cast<double>(phases->size()) + 60);
+  while (results.size() < phases->size() && std::chrono::steady_clock::now() < deadline && !consumer->eof()) {
+    if (g_stop.load()) {
+      consumer->signal(SIGINT);
+      producer->signal(SIGINT);
+    }
+    if (auto line = consumer->read_line(std::chrono::milliseconds(100))) {
+      auto doc = json::parse(*line, nullptr, false);
+      if (!doc.is_discarded() && doc.value("event", "") == "phase") {
+        std::cerr << fmt::format("  {} {}: {:.0f} transfers/s, time to ready p50 {:.0f} us\n",
+                                 byte_size_label(doc.value("size_bytes", std::uint64_t{0})),
+                                 doc.value("phase", std::string()), doc.value("per_s", 0.0), doc.value("p50_us", 0.0));
+        results.push_back(std::move(doc));
+      }
+    }
+    while (producer->read_line(std::chrono::milliseconds(0))) {
+    }
+  }
+  const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
+  const auto producer_exit = producer->wait(std::chrono::seconds(30));
+  if (results.size() != phases->size()) {
+    std::cerr << fmt::format("ecx bench e2e: {} of {} phases finished (consumer exit {}, producer exit {})\n",
+                             results.size(), phases->size(), consumer_exit.value_or(-1), producer_exit.value_or(-1));
+    return 1;
+  }
+  json series = json::array();
+  bool ok = consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
+  results_table().print_header(std::cout);
+  for (std::size_t k = 0; k < phases->size(); ++k) {
+    auto& e2e = results[k];
+    ok = ok && e2e.value("ok", false);
+    e2e.erase("event");
+    std::optional<json> raw;
+    if (o.baseline) {
+      auto measured = transport_baseline(o, (*phases)[k]);
+      if (measured) {
+        raw = *measured;
+      } else {
+        std::cerr << "ecx bench e2e: baseline: " << measured.status().message() << "\n";
+        ok = false;
+      }
+    }
+    if (raw) {
+      e2e["ratio_vs_transport_gbps"] = e2e.value("gbps", 0.0) / std::max(raw->value("gbps", 0.0), 1e-12);
+      if (raw->contains("p50_us")) {
+        e2e["added_p50_us"] = e2e.value("p50_us", 0.0) - raw->value("p50_us", 0.0);
+        e2e["added_p99_us"] = e2e.value("p99_us", 0.0) - raw->value("p99_us", 0.0);
+      }
+    }
+    print_row(e2e);
+    series.push_back(e2e);
+    if (raw) {
+      print_row(*raw);
+      series.push_back(*raw);
+    }
+  }
+  std::cout << "ecx_e2e p50/p99: time to ready (the consumer receives the request -> the engine finds its item "
+               "loaded); transport_raw p50/p99: send to completion of one message; +p50/+p99: the difference; GB/s "
+               "ratio: ecx_e2e divided by transport_raw\n";
+  if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";
+  if (!o.json_file.empty()) {
+    if (auto st = write_json_file(o.json_file, series); !st) {
+      std::cerr << "ecx bench e2e: " << st.message() << "\n";
+      return 1;
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+void add_bench_e2e_command(CLI::App& app, Runner& run) {
+  auto* cmd = bench_subcommand(app)->add_subcommand(
+      "e2e", "Consumer and producer processes end to end: transfers/s, time to ready, added latency over raw UCX");
+  auto o = std::make_shared<E2eOptions>();
+  cmd->add_option("--role", o->role, "all (both on 127.0.0.1), consumer (--listen) or producer (--connect)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all", "consumer", "producer"}));
+  cmd->add_option("--listen", o->listen, "consumer: HOST:PORT to listen on (admit channel; control ports follow)");
+  cmd->add_option("--connect", o->connect, "producer: the consumer's HOST:PORT");
+  cmd->add_option("--sizes", o->sizes_text, "comma-separated item sizes")->capture_default_str();
+  cmd->add_option("--count", o->count, "items per throughput phase (0: automatic)")->capture_default_str();
+  cmd->add_option("--latency-count", o->latency_count, "items per latency phase (0: automatic)")->capture_default_str();
+  cmd->add_option("--window", o->window, "pushes in flight in the throughput phase")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
+  cmd->add_option("--transport", o->transport, "UCX transport with --role all (tcp or shm)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tcp", "shm"}));
+  cmd->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
+      ->capture_default_str();
+  cmd->add_flag("--checksum,!--no-checksum", o->checksum, "verify xxHash64 checksums on landing")
+      ->capture_default_str();
+  cmd->add_flag("--baseline,!--no-baseline", o->baseline, "measure the raw transport in the same run (role all)")
+      ->capture_default_str();
+  cmd->add_option("--phase-timeout", o->phase_timeout_s, "seconds each phase may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option("--json", o->json_file, "write the series as a JSON list to FILE");
+  cmd->callback([&run, o] {
+    run = [o] {
+      std::signal(SIGINT, on_signal);
+      std::signal(SIGTERM, on_signal);
+      log::set_level(spdlog::level::warn);
+      if (o->role == "consumer") {
+        if (o->listen.empty()) {
+          std::cerr << "ecx bench e2e: --role consumer needs --listen HOST:PORT\n";
+          return 2;
+        }
+        return run_consumer_role(*o);
+      }
+      if (o->role == "producer") {
+        if (o->connect.empty()) {
+          std::cerr << "ecx bench e2e: --role producer needs --connect HOST:PORT\n";
+          return 2;
+        }
+        return run_producer_role(*o);
+      }
+      return run_all(*o);
+    };
+  });
+}
+
+}  // namespace
+
+ECX_REGISTER_COMMAND(add_bench_e2e_command);
+
+}  // namespace ecx::cli
