@@ -132,7 +132,7 @@ struct CompleteRequest {
   std::string transfer_id;
   ReservationId reservation_id;
   std::uint64_t generation = 0;
-  std::optional<std::uint64_t> checksum;  // xxHash64 of what was written (checksums on)
+  std::optional<std::uint64_t> checksum = std::nullopt;  // xxHash64 of what was written (checksums on)
   friend bool operator==(const CompleteRequest&, const CompleteRequest&) = default;
 };
 
