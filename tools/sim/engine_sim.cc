@@ -119,7 +119,8 @@ struct ConsumerSim::State {
     }
   }
 
-  void resolve(const std::string& id, bool ready) {
+  // By value: callers pass ids that live in the record this erases.
+  void resolve(std::string id, bool ready) {
     auto it = pending.find(id);
     if (it == pending.end()) return;
     if (ready) {
@@ -367,7 +368,10 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       ++result.rounds;
     }
     std::vector<const SimRequest*> batch;
-    const auto active = worker.push_engine()->counters().pushes.active;
+    // A push submitted in the last step may not count as active yet; pending() sees
+    // it, so a window of one really sends one item at a time.
+    const auto& engine = *worker.push_engine();
+    const auto active = std::max<std::uint64_t>(engine.counters().pushes.active, engine.pending() ? 1 : 0);
     while (next < workload.size() && active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) &&
            batch.size() < 8) {
       batch.push_back(&workload[next++]);

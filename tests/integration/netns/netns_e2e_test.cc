@@ -67,7 +67,7 @@ class NamespacePair {
   }
   ~NamespacePair() {
     if (ip_.empty()) return;
-    (void)run({ip_, "link", "del", consumer_if_});  // only there if it never moved
+    if (veth_in_root_) (void)run({ip_, "link", "del", consumer_if_});  // the pair, if it never moved
     if (consumer_created_) (void)run({ip_, "netns", "del", consumer_ns_});
     if (producer_created_) (void)run({ip_, "netns", "del", producer_ns_});
   }
@@ -99,8 +99,12 @@ class NamespacePair {
         {ip_, "-n", consumer_ns_, "link", "set", consumer_if_, "up"},
         {ip_, "-n", producer_ns_, "link", "set", producer_if_, "up"},
     };
-    for (const auto& step : steps) {
-      if (auto r = run(step); r.exit != 0) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const auto& step = steps[i];
+      const auto r = run(step);
+      if (i == 0) veth_in_root_ = r.exit == 0;
+      if (i == 1 && r.exit == 0) veth_in_root_ = false;
+      if (r.exit != 0) {
         std::string command;
         for (const auto& word : step) command += word + " ";
         return fmt::format("`{}` failed (exit {})", command, r.exit);
@@ -126,6 +130,7 @@ class NamespacePair {
   std::string consumer_ns_, producer_ns_, consumer_if_, producer_if_;
   bool consumer_created_ = false;
   bool producer_created_ = false;
+  bool veth_in_root_ = false;
 };
 
 TEST(NetnsE2e, ConsumerAndProducerInTwoNamespacesDeliverEveryItem) {
