@@ -242,6 +242,9 @@ class ECXConnector(ECConnectorBase):
         self._encoder_cache: dict | None = None
         self._awaiting_source: dict[str, set[str]] = {}
         self._submitted_meta: Any = None
+        # Consumer: the tensors this rank loaded into the encoder cache, until a step
+        # frees them (see start_load_caches).
+        self._loaded_tensors: dict[str, Any] = {}
         # Started here, not lazily: a consumer's shards must listen before the first
         # request reaches this instance, because its pushes arrive first.
         self._worker = _core.WorkerCoordinator(self._config)
@@ -362,8 +365,16 @@ class ECXConnector(ECConnectorBase):
         meta = self._bound_metadata()
         if meta is None:
             return
+        # vLLM dropped this step's freed entries before calling us. One it also
+        # allocated again in this step comes back as a local load: restore the
+        # tensor we loaded (kept below), so it is present and nothing is copied.
+        reloads = {item.mm_hash for item in meta.loads if item.local}
         for mm_hash in meta.freed:
             encoder_cache.pop(mm_hash, None)
+            kept = self._loaded_tensors.pop(mm_hash, None)
+            if kept is not None and mm_hash in reloads:
+                encoder_cache[mm_hash] = kept
+                self._loaded_tensors[mm_hash] = kept
         if not meta.loads:
             return
         torch = _torch()
@@ -383,6 +394,9 @@ class ECXConnector(ECConnectorBase):
             tensor = staged.get(mm_hash)
             if tensor is not None:
                 encoder_cache[mm_hash] = tensor
+                # Shares the cache's tensor: no extra memory while vLLM holds it, and
+                # released when a later step frees it.
+                self._loaded_tensors[mm_hash] = tensor
 
     def start_save_caches(self, encoder_cache: dict | None = None, **kwargs: Any) -> None:
         if self._worker is None or self._closed or not self.is_producer:
@@ -475,6 +489,7 @@ class ECXConnector(ECConnectorBase):
             self._metrics_server.stop()
         if self._worker is not None:
             self._encoder_cache = None  # the engine's cache is not ours to keep alive
+            self._loaded_tensors.clear()
 
     def worker_counters(self) -> dict[str, Any]:
         """Pool and push counters of this worker (diagnostics)."""

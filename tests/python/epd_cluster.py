@@ -131,11 +131,10 @@ def pd_main(port: int, inbox, outbox) -> None:
     os.environ["UCX_TLS"] = "tcp"
     from vllm._double_engine import EngineDouble
 
-    # An encoder cache that never evicts: when the engine evicts a hash in the same
-    # step in which it allocates that hash again as an external load, the workers drop
-    # the delivered copy and nothing reloads it (a known scheduler-coordinator gap,
-    # reproduced with a small cache_rows here; see docs/vllm.md, "Known limitations").
-    engine = EngineDouble(vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=1 << 20)
+    # A small encoder cache, like the producer's: entries are evicted all the time,
+    # and some are evicted and allocated again in one step (the connector restores
+    # what the workers dropped).
+    engine = EngineDouble(vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=2048)
     outbox.put(("ready", engine.workers[0].connector._config.control_address(0)))
 
     def on_stop() -> dict[str, Any]:
@@ -151,6 +150,11 @@ def pd_main(port: int, inbox, outbox) -> None:
         stats = engine.scheduler.scheduler_stats()
         engine.shutdown()
         engine.shutdown()  # idempotent
-        return {"counters": counters, "stats": stats, "local_encodes": [w.local_encodes for w in engine.workers]}
+        return {
+            "counters": counters,
+            "stats": stats,
+            "local_encodes": [w.local_encodes for w in engine.workers],
+            "evicted_and_reallocated": engine.evicted_and_reallocated,
+        }
 
     _serve(engine, inbox, outbox, on_stop)

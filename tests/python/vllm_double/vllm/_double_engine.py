@@ -289,6 +289,9 @@ class EngineDouble:
         self.finished: list[Finished] = []
         self._finished_ids: set[str] = set()
         self.steps = 0
+        # Entries evicted and allocated again as external loads in one step: the
+        # workers drop them, then the connector must bring them back.
+        self.evicted_and_reallocated = 0
         self.hook_errors: list[str] = []
 
     # -- API
@@ -320,6 +323,7 @@ class EngineDouble:
         so = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = set()
         allocated_this_step: set[str] = set()
+        external_this_step: set[str] = set()
         for request in list(self.waiting.values()):
             if request.mm_features and not c.ensure_cache_available(request, request.num_computed_tokens):
                 continue  # deferred to a later step
@@ -333,6 +337,8 @@ class EngineDouble:
                 f = request.mm_features[i]
                 self.cache.allocate(request, f.identifier, request.get_num_encoder_embeds(i))
                 allocated_this_step.add(f.identifier)
+                if i in external:
+                    external_this_step.add(f.identifier)
                 c.update_state_after_alloc(request, i)
             if local:
                 so.scheduled_encoder_inputs[request.request_id] = local
@@ -345,6 +351,7 @@ class EngineDouble:
         # Entries evicted by this step's allocations: the workers drop them before they
         # load or encode anything this step.
         so.free_encoder_mm_hashes = self.cache.take_freed()
+        self.evicted_and_reallocated += len(external_this_step.intersection(so.free_encoder_mm_hashes))
         so.ec_connector_metadata = c.build_connector_meta(so)
         # Crosses to the workers by pickle, like vLLM's executor does.
         so.ec_connector_metadata = pickle.loads(pickle.dumps(so.ec_connector_metadata))
