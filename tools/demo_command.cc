@@ -102,6 +102,7 @@ json progress_json(const sim::Progress& p) {
               {"resident_bytes", p.resident_bytes},
               {"tombstones", p.tombstones},
               {"tombstone_bound", p.tombstone_bound},
+              {"encoder_cache_bytes", p.encoder_cache_bytes},
               {"elapsed_s", p.elapsed_s},
               {"rss_bytes", rss_bytes()}};
 }
@@ -219,6 +220,7 @@ json soak_sample(const json& progress, std::uint64_t consumer_rss, std::uint64_t
               {"resident_bytes", progress.value("resident_bytes", std::uint64_t{0})},
               {"tombstones", progress.value("tombstones", std::uint64_t{0})},
               {"tombstone_bound", progress.value("tombstone_bound", std::uint64_t{0})},
+              {"encoder_cache_bytes", progress.value("encoder_cache_bytes", std::uint64_t{0})},
               {"requests_ready", progress.value("requests_ready", std::uint64_t{0})},
               {"bytes_moved", progress.value("bytes_moved", std::uint64_t{0})}};
 }
@@ -302,10 +304,12 @@ Status plot_soak(const std::string& png, const std::vector<json>& samples) {
   spec.x_label = "seconds";
   spec.y_label = "MiB";
   spec.y2_label = "tombstones";
-  const std::vector<std::pair<std::string, std::string>> keys = {{"consumer RSS", "consumer_rss_bytes"},
-                                                                 {"producer RSS", "producer_rss_bytes"},
-                                                                 {"consumer pool used", "pool_used_bytes"},
-                                                                 {"of which resident", "resident_bytes"}};
+  const std::vector<std::pair<std::string, std::string>> keys = {
+      {"consumer RSS", "consumer_rss_bytes"},
+      {"producer RSS", "producer_rss_bytes"},
+      {"consumer pool used", "pool_used_bytes"},
+      {"of which resident", "resident_bytes"},
+      {"engine encoder cache (sim, rank 0)", "encoder_cache_bytes"}};
   for (const auto& [title, key] : keys) {
     PlotLine line{title, {}, false};
     for (const auto& s : samples) line.points.emplace_back(s.value("t_s", 0.0), s.value(key, 0.0) / (1 << 20));

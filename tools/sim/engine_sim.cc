@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -120,14 +121,17 @@ struct ConsumerSim::State {
   }
 
   // By value: callers pass ids that live in the record this erases.
-  void resolve(std::string id, bool ready) {
+  // `ready_at`: when the engine found the items loaded (before the simulator's own
+  // byte-for-byte check, which is no part of the time to ready); default now.
+  void resolve(std::string id, bool ready, std::optional<TimePoint> ready_at = std::nullopt) {
     auto it = pending.find(id);
     if (it == pending.end()) return;
     if (ready) {
       ++result.progress.requests_ready;
       result.items_ready += it->second.items.size();
       result.time_to_ready_ms.push_back(
-          std::chrono::duration<double, std::milli>(options.clock->now() - it->second.admitted).count());
+          std::chrono::duration<double, std::milli>(ready_at.value_or(options.clock->now()) - it->second.admitted)
+              .count());
     } else {
       ++result.progress.requests_failed;
       result.failed_requests.push_back(id);
@@ -159,7 +163,7 @@ struct ConsumerSim::State {
   // byte for byte (after this step's drops and loads). Then the request finishes;
   // entries nobody uses any more are freed in the next step's metadata, as vLLM
   // reports frees.
-  void run_request(Pending& p, bool ok) {
+  void run_request(Pending& p, bool ok, TimePoint loaded_at) {
     for (std::size_t rank = 0; rank < caches.size() && ok; ++rank) {
       for (const auto& item : p.items) {
         auto found = caches[rank].find(item.mm_hash);
@@ -186,7 +190,7 @@ struct ConsumerSim::State {
         to_free.push_back(item.mm_hash);
       }
     }
-    resolve(p.view.request_id, ok);
+    resolve(p.view.request_id, ok, loaded_at);
   }
 
   void step() {
@@ -203,11 +207,19 @@ struct ConsumerSim::State {
     view.free_encoder_mm_hashes = std::move(to_free);
     to_free.clear();
     const auto meta = scheduler->build_connector_meta(view);
-    // Workers: drop the freed entries, then load.
+    // Workers: drop the freed entries, then load. An entry freed and reloaded in
+    // the same step is kept (the connector holds on to what it loaded until the
+    // step's frees are applied), so its reload finds it present.
+    std::set<std::string> reloads;
+    for (const auto& load : meta.loads) {
+      if (load.local) reloads.insert(load.mm_hash);
+    }
     std::optional<worker::WorkerMeta> merged;
     for (std::size_t rank = 0; rank < workers.size(); ++rank) {
       auto& cache = caches[rank];
-      for (const auto& h : meta.freed) cache.erase(h);
+      for (const auto& h : meta.freed) {
+        if (!reloads.contains(h)) cache.erase(h);
+      }
       workers[rank]->start_load_caches(
           meta,
           [&cache](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
@@ -222,8 +234,9 @@ struct ConsumerSim::State {
       for (auto& cache : caches) cache.erase(h);
     }
     if (merged) scheduler->update_connector_output(merged->to_output());
+    const auto loaded_at = options.clock->now();
     for (const auto& [id, ok] : scheduled) {
-      if (auto it = pending.find(id); it != pending.end()) run_request(it->second, ok);
+      if (auto it = pending.find(id); it != pending.end()) run_request(it->second, ok, loaded_at);
     }
     for (const auto& id : scheduler->take_unavailable_requests()) {
       log->warn("request {} failed: the scheduler reports an input it cannot obtain", id);
@@ -244,6 +257,9 @@ struct ConsumerSim::State {
         p.tombstones += c.tombstones;
         p.tombstone_bound += options.config.tombstone_max;
       }
+    }
+    if (!caches.empty()) {
+      for (const auto& [hash, bytes] : caches[0]) p.encoder_cache_bytes += bytes.size();
     }
     p.elapsed_s = duration_to_seconds(options.clock->now() - started);
     return p;
