@@ -459,10 +459,15 @@ int run_demo(const DemoOptions& options) {
     if (consumer_result && producer->eof()) break;  // the producer ended (its summary, if any, was read)
   }
   if (tty) std::cout << "\n";
-  // The last picture, from the consumer's own final figures, before the processes go.
-  if (consumer_result)
-    samples.push_back(soak_sample(*consumer_result, rss_of(consumer->pid()),
-                                  samples.empty() ? 0 : samples.back().value("producer_rss_bytes", std::uint64_t{0})));
+  // The last picture, from the consumer's own final figures. A process that has
+  // already exited keeps its last RSS reading.
+  if (consumer_result) {
+    auto last_rss = [&](std::uint64_t now, const char* key) {
+      return now != 0 || samples.empty() ? now : samples.back().value(key, std::uint64_t{0});
+    };
+    samples.push_back(soak_sample(*consumer_result, last_rss(rss_of(consumer->pid()), "consumer_rss_bytes"),
+                                  last_rss(rss_of(producer->pid()), "producer_rss_bytes")));
+  }
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
   const auto producer_exit = producer->wait(std::chrono::seconds(30));
   if (!consumer_result) {
