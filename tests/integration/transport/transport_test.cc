@@ -1,5 +1,6 @@
 // Two real processes over UCX (tcp and shared memory) on loopback: this test
 // process and transport_peer, its helper.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -208,6 +209,30 @@ TEST_P(ReceiverTest, PayloadLongerThanItsLandingIsNeverWritten) {
   EXPECT_EQ(sent["3"], code(StatusCode::invalid_argument));
   EXPECT_TRUE(pool_prefix_untouched(4 << 20)) << "bytes of an oversized payload reached the slot";
   EXPECT_EQ(pool_stats().used_bytes, 0u);
+}
+
+// A send completes at the sender before the receiver has every byte; a sender that
+// shuts down right then must still deliver what it sent.
+TEST_P(ReceiverTest, SenderThatQuitsRightAfterItsSendsCompletedStillDeliversThem) {
+  constexpr int kSends = 6;
+  constexpr std::uint64_t kBytes = 9ULL << 20;
+  for (int i = 0; i < kSends; ++i) {
+    const auto offset = static_cast<std::uint64_t>(i) * (4ULL << 20);
+    ASSERT_TRUE(sender_->write_line(fmt::format("send {} {} {} {} 0", 10 + i, offset, kBytes, kBytes)));
+  }
+  for (int i = 0; i < kSends; ++i) {
+    auto line = next_line();
+    ASSERT_TRUE(line.has_value());
+    EXPECT_EQ(line->substr(line->rfind(' ') + 1), code(StatusCode::ok)) << *line;
+  }
+  ASSERT_TRUE(sender_->write_line("quit"));
+  ASSERT_TRUE(wait_for_outcomes(kSends, 30s));
+  std::lock_guard lock(mutex_);
+  for (const auto& [index, outcome] : outcomes_) {
+    EXPECT_TRUE(outcome.status.is_ok()) << "transfer " << index << ": " << outcome.status.to_string();
+    EXPECT_TRUE(outcome.intact) << "transfer " << index;
+  }
+  EXPECT_EQ(allocator_.stats().used_bytes, 0u);
 }
 
 TEST_P(ReceiverTest, SenderKilledMidTransferNeverLands) {
