@@ -239,6 +239,16 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   if (!mode) return mode.status();
   ucx.mode = *mode;
   ucx.peer_error_handling = config.ucx_peer_errors;
+  if (config.ucx_peer_errors) {
+    // Every producer then connects as an endpoint of ours with peer-failure handling:
+    // a producer's death fails the payloads it was still sending, and a payload stuck
+    // landing past the reservation TTL is cut off by closing its sender's connection
+    // (UCX never writes into a slot after that, so the slot can be freed). Shared
+    // memory is unavailable with peer errors on anyway, so a worker address would
+    // gain nothing here.
+    ucx.address_kind = transport::UcxAddressKind::socket;
+    ucx.landing_timeout = config.reservation_ttl();
+  }
   ucx.clock = state->clock;
   std::weak_ptr<State> weak = state;
   ucx.resolver = [weak](std::span<const std::byte> header, std::uint64_t bytes) -> Result<transport::Landing> {

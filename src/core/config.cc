@@ -484,7 +484,7 @@ Result<Config> parse_config(std::string_view json_text, const ParallelLayout& la
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows
     return invalid_argument(fmt::format("configuration is not valid JSON: {}", e.what()));
   }
   if (!root.is_object()) return invalid_argument("configuration must be a JSON object (vLLM's --ec-transfer-config)");

@@ -5,10 +5,15 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -104,6 +109,49 @@ inline std::optional<json> producer_result(sim::ChildProcess& producer, std::chr
     if (doc.is_object() && doc.value("event", "") == "result") result = doc;
   }
   return result;
+}
+
+// Waits (bounded) for `ecx consumer`'s "serving" line.
+inline bool wait_serving(sim::ChildProcess& consumer) {
+  for (int i = 0; i < 20; ++i) {
+    auto line = consumer.read_line(std::chrono::seconds(1));
+    if (line && line->find("serving") != std::string::npos) return true;
+    if (consumer.eof()) return false;
+  }
+  return false;
+}
+
+// The unlabelled-by-outcome samples of a Prometheus text page at
+// http://127.0.0.1:<port>/metrics, by name (first sample of each name); empty when
+// the page could not be read.
+inline std::map<std::string, double> scrape_metrics(int port) {
+  std::map<std::string, double> samples;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return samples;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string page;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) page.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  std::istringstream lines(page);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto name_end = line.find_first_of("{ ");
+    const auto value_start = line.rfind(' ');
+    if (name_end == std::string::npos || value_start == std::string::npos) continue;
+    samples.emplace(line.substr(0, name_end), std::strtod(line.c_str() + value_start + 1, nullptr));
+  }
+  return samples;
 }
 
 // The admit channel a proxy would own: the producer forwards every finished request

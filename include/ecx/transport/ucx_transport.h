@@ -37,7 +37,8 @@ enum class UcxAddressKind : std::uint8_t {
   worker,
   // "host:port": a socket-address listener (UCX connection manager). Put mode uses
   // it, because the receiver needs an endpoint per sender to fail the landings it
-  // granted when that sender dies.
+  // granted when that sender dies; so do am-mode receivers that want the same (and
+  // the landing watchdog, see landing_timeout).
   socket,
 };
 
@@ -57,6 +58,14 @@ struct UcxOptions {
   LandingResolver resolver;             // required to receive
   LandingCallback on_landing;           // required to receive
   PeerFailureCallback on_peer_failure;  // optional
+
+  // Receiving side: a rendezvous payload still landing this long after it started
+  // fails (on_landing reports `timeout`), and so does everything else its sender was
+  // sending here: the only way to make sure no late fragment reaches the landing is
+  // to close the connection it arrives on. Needs a connection the receiver owns, i.e.
+  // address_kind `socket` with peer error handling; a landing from a worker-address
+  // peer is left open (and logged). Zero = no watchdog.
+  Duration landing_timeout = Duration::zero();
 
   std::size_t command_queue_capacity = 4096;  // sends and calls waiting for the progress thread
   // How long blocking calls (register, listen, connect) wait for the progress thread.
