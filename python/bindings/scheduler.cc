@@ -58,7 +58,7 @@ py::tuple meta_to_python(const ConnectorMeta& meta) {
   for (const auto& l : meta.loads) {
     loads.append(py::make_tuple(l.mm_hash, l.transfer_id, shape_of(l.spec), dtype_of(l.spec), l.local));
   }
-  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads);
+  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads, meta.retained);
 }
 
 py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
@@ -162,7 +162,7 @@ void register_scheduler(py::module_& m) {
           py::arg("free_encoder_mm_hashes"), py::arg("preempted_request_ids") = std::vector<std::string>{},
           "Returns (freed, orphan_cancels, store_candidates[(mm_hash, shape, dtype)], "
           "pushes[(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)], "
-          "loads[(mm_hash, transfer_id, shape, dtype, local)]).")
+          "loads[(mm_hash, transfer_id, shape, dtype, local)], retained).")
       .def(
           "update_connector_output",
           [](PyScheduler& s, std::vector<std::string> loaded, std::vector<std::string> failed_loads,

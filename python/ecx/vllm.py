@@ -118,16 +118,20 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     # request went away without using them, plus the engine's own frees).
     freed: list[str] = field(default_factory=list)
     orphan_cancels: list[str] = field(default_factory=list)  # informational
+    # Hashes vLLM evicted and allocated again in this step while they held a tensor
+    # this connector loaded: each worker puts its tensor back.
+    retained: list[str] = field(default_factory=list)
     store_candidates: list[ECXStoreCandidate] = field(default_factory=list)
 
     @classmethod
     def from_core(cls, planned: tuple) -> "ECXConnectorMetadata":
-        freed, orphans, candidates, pushes, loads = planned
+        freed, orphans, candidates, pushes, loads, retained = planned
         return cls(
             loads=[ECXLoadItem(h, t, list(s), d, bool(local)) for h, t, s, d, local in loads],
             pushes=[ECXPushItem(h, t, list(s), d, z, r) for h, t, s, d, z, r in pushes],
             freed=list(freed),
             orphan_cancels=list(orphans),
+            retained=list(retained),
             store_candidates=[ECXStoreCandidate(h, list(s), d) for h, s, d in candidates],
         )
 
@@ -365,16 +369,16 @@ class ECXConnector(ECConnectorBase):
         meta = self._bound_metadata()
         if meta is None:
             return
-        # vLLM dropped this step's freed entries before calling us. One it also
-        # allocated again in this step comes back as a local load: restore the
-        # tensor we loaded (kept below), so it is present and nothing is copied.
-        reloads = {item.mm_hash for item in meta.loads if item.local}
+        # vLLM dropped this step's freed entries before calling us. Those it also
+        # allocated again in this step (retained) get back the tensor this rank
+        # loaded (kept below), so nothing is copied or transferred again.
         for mm_hash in meta.freed:
             encoder_cache.pop(mm_hash, None)
-            kept = self._loaded_tensors.pop(mm_hash, None)
-            if kept is not None and mm_hash in reloads:
+            self._loaded_tensors.pop(mm_hash, None)
+        for mm_hash in meta.retained:
+            kept = self._loaded_tensors.get(mm_hash)
+            if kept is not None:
                 encoder_cache[mm_hash] = kept
-                self._loaded_tensors[mm_hash] = kept
         if not meta.loads:
             return
         torch = _torch()

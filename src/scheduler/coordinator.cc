@@ -314,22 +314,6 @@ void SchedulerCoordinator::mark_request_unavailable(std::string_view request_id)
   malformed_pending_.emplace(request_id);
 }
 
-void SchedulerCoordinator::reload_reallocated(std::string_view mm_hash, const std::string& request_id, TimePoint now) {
-  if (table_.begin_load(mm_hash, std::nullopt, request_id, now, now + options_.push_wait_timeout)) {
-    pending_work_ = true;
-    logger()->debug("EC mm_hash={} was evicted and allocated again in one step; reloading it for request {}",
-                    shorten(mm_hash), shorten(request_id));
-    return;
-  }
-  // Nothing holds a copy any more: the engine would find its cache entry empty.
-  logger()->warn(
-      "EC mm_hash={} was evicted and allocated again in one step, and no copy is left to reload; request {} fails "
-      "with a retryable error",
-      shorten(mm_hash), shorten(request_id));
-  local_cache_.erase(std::string(mm_hash));
-  mark_request_unavailable(request_id);
-}
-
 bool SchedulerCoordinator::report_malformed(const RequestView& request) {
   if (!request.has_malformed_params()) return false;
   if (!notified_.contains(request.request_id) && !malformed_pending_.contains(request.request_id)) {
@@ -498,27 +482,26 @@ void SchedulerCoordinator::update_state_after_free(const RequestView& request, s
 ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
   const TimePoint now = clock_->now();
   ConnectorMeta meta;
-  meta.freed = step.free_encoder_mm_hashes;
+  // Evicted and allocated again in this step, with ECX's copy in the workers'
+  // caches: the engine counts on that copy, but drops evicted entries at the start
+  // of the step. The workers put back what they loaded; the record stays READY.
+  // (An entry the engine encoded itself is encoded again and needs nothing.)
+  for (const auto& h : step.free_encoder_mm_hashes) {
+    if (allocated_this_step_.contains(h) && table_.has_state(h, {TransferState::ready})) {
+      if (std::find(meta.retained.begin(), meta.retained.end(), h) == meta.retained.end()) meta.retained.push_back(h);
+      continue;
+    }
+    if (!allocated_this_step_.contains(h)) local_cache_.erase(h);
+    table_.release_ready(h, now);
+    meta.freed.push_back(h);
+  }
+  allocated_this_step_.clear();
   for (auto& h : extra_freed_) {
-    if (!local_cache_.contains(h)) meta.freed.push_back(std::move(h));
+    if (local_cache_.contains(h)) continue;
+    table_.release_ready(h, now);
+    meta.freed.push_back(std::move(h));
   }
   extra_freed_.clear();
-  // Evicted and allocated again in this step, with ECX's copy in the workers'
-  // caches: the engine counts on that copy, but the workers drop evicted entries at
-  // the start of the step. It is reloaded after the drop, from the resident copy
-  // release_ready makes. (An entry the engine encoded itself is encoded again.)
-  std::vector<std::pair<std::string, std::string>> reloads;  // (mm_hash, request id)
-  for (const auto& h : meta.freed) {
-    auto it = allocated_this_step_.find(h);
-    if (it == allocated_this_step_.end()) {
-      local_cache_.erase(h);
-    } else if (table_.has_state(h, {TransferState::ready})) {
-      reloads.emplace_back(h, it->second);
-    }
-    table_.release_ready(h, now);
-  }
-  for (const auto& [h, request_id] : reloads) reload_reallocated(h, request_id, now);
-  allocated_this_step_.clear();
   for (auto& id : table_.drain_orphaned()) {
     queue_cancel(id, now);
     meta.orphan_cancels.push_back(std::move(id));
@@ -546,8 +529,14 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
 
 void SchedulerCoordinator::update_connector_output(const WorkerOutput& output) {
   const TimePoint now = clock_->now();
-  for (const auto& h : output.loaded) table_.complete_load(h);
-  for (const auto& h : output.failed_loads) table_.fail_load(h, now);
+  for (const auto& h : output.loaded) {
+    table_.complete_load(h);
+    if (unowned_loads_.erase(h) != 0 && !local_cache_.contains(h)) extra_freed_.push_back(h);
+  }
+  for (const auto& h : output.failed_loads) {
+    table_.fail_load(h, now);
+    unowned_loads_.erase(h);
+  }
   for (const auto& h : output.reclaimed) table_.reclaim(h, now);
   pending_work_ = output.pending_saves;
   failed_saves_.insert(output.failed_saves.begin(), output.failed_saves.end());
@@ -583,7 +572,12 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
     // in the workers' encoder caches for good.
     if (auto it = owned_loads_.find(request.request_id); it != owned_loads_.end()) {
       for (auto& h : it->second) {
-        if (!local_cache_.contains(h) && table_.has_state(h, {TransferState::ready})) extra_freed_.push_back(h);
+        if (local_cache_.contains(h)) continue;
+        if (table_.has_state(h, {TransferState::ready})) {
+          extra_freed_.push_back(h);
+        } else if (table_.has_state(h, {TransferState::loading})) {
+          unowned_loads_.insert(h);
+        }
       }
       owned_loads_.erase(it);
     }

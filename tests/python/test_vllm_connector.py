@@ -56,11 +56,12 @@ def test_scheduler_plan_converts_to_metadata_and_back_to_core_tuples():
         [("s", [2, 2], "float32")],
         [("h", "t", [4, 64], "bfloat16", "tcp://127.0.0.1:1", "r")],
         [("h", "t", [4, 64], "bfloat16", True)],
+        ["k"],
     )
     meta = ECXConnectorMetadata.from_core(planned)
     assert [p.to_core() for p in meta.pushes] == planned[3]
     assert [load.to_core() for load in meta.loads] == planned[4]
-    assert meta.freed == ["f"] and meta.orphan_cancels == ["o"]
+    assert meta.freed == ["f"] and meta.orphan_cancels == ["o"] and meta.retained == ["k"]
 
 
 def test_worker_metadata_folds_like_the_core_rule():

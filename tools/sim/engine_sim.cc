@@ -140,6 +140,16 @@ struct ConsumerSim::State {
     order.erase(std::remove(order.begin(), order.end(), id), order.end());
   }
 
+  // A request the scheduler cannot serve ends like any finished request: the
+  // scheduler releases what it holds for it (loads it started but the request never
+  // allocated would otherwise stay in the workers' caches).
+  void fail_unscheduled(const std::string& id) {
+    auto it = pending.find(id);
+    if (it == pending.end()) return;
+    (void)scheduler->request_finished(it->second.view);
+    resolve(id, false);
+  }
+
   // The gate opened: allocate the request's encoder-cache entries, as vLLM's
   // scheduler does before it builds the step's connector metadata.
   bool allocate_request(Pending& p) {
@@ -207,19 +217,12 @@ struct ConsumerSim::State {
     view.free_encoder_mm_hashes = std::move(to_free);
     to_free.clear();
     const auto meta = scheduler->build_connector_meta(view);
-    // Workers: drop the freed entries, then load. An entry freed and reloaded in
-    // the same step is kept (the connector holds on to what it loaded until the
-    // step's frees are applied), so its reload finds it present.
-    std::set<std::string> reloads;
-    for (const auto& load : meta.loads) {
-      if (load.local) reloads.insert(load.mm_hash);
-    }
+    // Workers: the engine drops what it freed, the connector puts back what it
+    // retained (the sim simply does not drop those), then loads.
     std::optional<worker::WorkerMeta> merged;
     for (std::size_t rank = 0; rank < workers.size(); ++rank) {
       auto& cache = caches[rank];
-      for (const auto& h : meta.freed) {
-        if (!reloads.contains(h)) cache.erase(h);
-      }
+      for (const auto& h : meta.freed) cache.erase(h);
       workers[rank]->start_load_caches(
           meta,
           [&cache](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
@@ -240,7 +243,7 @@ struct ConsumerSim::State {
     }
     for (const auto& id : scheduler->take_unavailable_requests()) {
       log->warn("request {} failed: the scheduler reports an input it cannot obtain", id);
-      resolve(id, false);
+      fail_unscheduled(id);
     }
   }
 
@@ -324,7 +327,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
     }
   }
   // Whatever is still pending at the deadline failed.
-  for (const auto& id : std::vector<std::string>(s.order)) s.resolve(id, false);
+  for (const auto& id : std::vector<std::string>(s.order)) s.fail_unscheduled(id);
   // Give the engine's frees back, then read the pools.
   for (int i = 0; i < 2; ++i) s.step();
   s.result.progress = s.snapshot(started);

@@ -151,7 +151,6 @@ class SchedulerCoordinator {
   void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);
-  void reload_reallocated(std::string_view mm_hash, const std::string& request_id, TimePoint now);
   Result<TensorSpec> output_spec(const MmFeature& feature) const;
   static std::string fallback_id(const RequestView& request, std::size_t index);
 
@@ -186,6 +185,9 @@ class SchedulerCoordinator {
   // because the workers drop evicted entries before they load.
   StringMap<std::string> allocated_this_step_;
   std::vector<std::string> extra_freed_;
+  // Loads still in flight whose request finished without allocating them: freed
+  // once they complete, unless a request allocated them meanwhile.
+  StringSet unowned_loads_;
 
   // Producer: planned pushes of this step, bindings planned so far, and which
   // request planned which binding.

@@ -81,6 +81,10 @@ struct ConnectorMeta {
   // Hashes the workers drop from their encoder cache this step (the engine's own
   // frees plus connector-owned loads whose request finished without using them).
   std::vector<std::string> freed;
+  // Hashes the engine evicted and allocated again in this step while they held a
+  // connector-loaded copy: the engine drops them at the start of the step like any
+  // free, and the workers put back the tensor they loaded (nothing is reloaded).
+  std::vector<std::string> retained;
   // Transfers whose consumer reservation is being cancelled remotely because
   // their record expired out of READY/RESIDENT. Informational for the worker:
   // the scheduler already queued the remote cancel.

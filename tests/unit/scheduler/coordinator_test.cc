@@ -149,9 +149,12 @@ TEST(CoordinatorConsumer, HappyPathFromReadinessToResident) {
 }
 
 // vLLM's encoder cache may evict an entry and allocate it again in one scheduling
-// step; the workers drop evicted entries first, so ECX must bring its copy back.
-TEST(CoordinatorConsumer, EntryEvictedAndAllocatedAgainInOneStepIsReloaded) {
-  Harness h;
+// step; the engine drops evicted entries first, so the workers must put ECX's copy
+// back.
+TEST(CoordinatorConsumer, EntryEvictedAndAllocatedAgainInOneStepIsRetained) {
+  auto options = testing::consumer_options();
+  options.table.resident_capacity_bytes = 0;  // no resident copy to fall back on
+  Harness h(options);
   auto a = request("ra", {"h0"}, {"t0"});
   h.events->ready("t0", "h0");
   EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
@@ -166,44 +169,21 @@ TEST(CoordinatorConsumer, EntryEvictedAndAllocatedAgainInOneStepIsReloaded) {
   EXPECT_TRUE(h.coordinator.has_cache_item("h0"));
   EXPECT_TRUE(h.coordinator.ensure_cache_available(b, 0));
   h.coordinator.update_state_after_alloc(b, 0);
-  auto meta = h.step(StepView{{"h0"}, {}});
-  EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
-  ASSERT_EQ(meta.loads.size(), 1u);  // dispatched after the drop, from the resident copy
-  EXPECT_EQ(meta.loads[0].mm_hash, "h0");
-  EXPECT_TRUE(meta.loads[0].local);
-  EXPECT_EQ(state_of(h.coordinator, "t0"), S::loading);
-  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
-  EXPECT_EQ(state_of(h.coordinator, "t0"), S::ready);
+  auto meta = h.step(StepView{{"h0", "h0"}, {}});
+  EXPECT_EQ(meta.retained, std::vector<std::string>{"h0"});
+  EXPECT_TRUE(meta.freed.empty());
+  EXPECT_TRUE(meta.loads.empty());
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::ready);  // still in the workers' caches
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
-  // Freed for good later: it becomes resident again, no reload.
+  // Freed for good in a later step.
   h.coordinator.request_finished(b);
   auto later = h.step(StepView{{"h0"}, {}});
-  EXPECT_TRUE(later.loads.empty());
-  EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+  EXPECT_TRUE(later.retained.empty());
+  EXPECT_EQ(later.freed, std::vector<std::string>{"h0"});
+  EXPECT_FALSE(h.coordinator.has_cache_item("h0"));  // no resident copy was kept
 }
 
-TEST(CoordinatorConsumer, EntryEvictedAndAllocatedAgainWithNoCopyLeftFailsTheRequest) {
-  auto options = testing::consumer_options();
-  options.table.resident_capacity_bytes = 0;  // release_ready cannot keep a resident copy
-  Harness h(options);
-  auto a = request("ra", {"h0"}, {"t0"});
-  h.events->ready("t0", "h0");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
-  h.step();
-  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
-  ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
-  h.coordinator.update_state_after_alloc(a, 0);
-  h.step();
-  auto b = request("rb", {"h0"}, {"t0"});
-  EXPECT_TRUE(h.coordinator.ensure_cache_available(b, 0));
-  h.coordinator.update_state_after_alloc(b, 0);
-  auto meta = h.step(StepView{{"h0"}, {}});
-  EXPECT_TRUE(meta.loads.empty());
-  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"rb"});
-  EXPECT_FALSE(h.coordinator.has_cache_item("h0"));
-}
-
-TEST(CoordinatorConsumer, EntryTheEngineEncodedItselfIsNotReloaded) {
+TEST(CoordinatorConsumer, EntryTheEngineEncodedItselfIsNotRetained) {
   Harness h;
   RequestView a;
   a.request_id = "ra";
@@ -215,6 +195,8 @@ TEST(CoordinatorConsumer, EntryTheEngineEncodedItselfIsNotReloaded) {
   b.request_id = "rb";
   h.coordinator.update_state_after_alloc(b, 0);
   auto meta = h.step(StepView{{"h0"}, {}});
+  EXPECT_TRUE(meta.retained.empty());
+  EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
   EXPECT_TRUE(meta.loads.empty());
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
 }
@@ -345,6 +327,34 @@ TEST(CoordinatorConsumer, LoadsOfAFinishedRequestThatNeverAllocatedThemAreFreed)
   auto meta = h.step();
   EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
   EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+}
+
+TEST(CoordinatorConsumer, ALoadStillInFlightWhenItsRequestFinishedIsFreedOnceItCompletes) {
+  Harness h;
+  auto r = request("r1", {"h0"}, {"t0"});
+  h.events->ready("t0", "h0");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_EQ(h.step().loads.size(), 1u);
+  h.coordinator.request_finished(r);  // aborted while the workers load h0
+  EXPECT_TRUE(h.step().freed.empty());
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  auto meta = h.step();
+  EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::resident);
+}
+
+TEST(CoordinatorConsumer, ALoadAnotherRequestAllocatedMeanwhileIsNotFreed) {
+  Harness h;
+  auto r = request("r1", {"h0"}, {"t0"});
+  h.events->ready("t0", "h0");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  h.step();
+  h.coordinator.request_finished(r);
+  h.coordinator.update_connector_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  auto other = request("r2", {"h0"}, {"t0"});
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(other, 0));
+  h.coordinator.update_state_after_alloc(other, 0);
+  EXPECT_TRUE(h.step().freed.empty());
 }
 
 TEST(CoordinatorConsumer, PartialShardReadinessIsBounded) {
