@@ -314,6 +314,34 @@ void SchedulerCoordinator::mark_request_unavailable(std::string_view request_id)
   malformed_pending_.emplace(request_id);
 }
 
+void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_view own_transfer_id) {
+  // A resident copy is shared by design (its request finished); an invented name
+  // belongs to no other request.
+  if (used.transfer_id() == own_transfer_id || used.invented_name() || (used.spec() && used.spec()->local)) return;
+  if (auto substitute = substitute_for_lender_.find(own_transfer_id);
+      substitute != substitute_for_lender_.end() && substitute->second == used.transfer_id()) {
+    forget_substitute(own_transfer_id);  // the lender now uses what it was owed
+    return;
+  }
+  if (substitute_for_lender_.contains(used.transfer_id()) || lender_of_substitute_.contains(own_transfer_id)) return;
+  substitute_for_lender_.emplace(used.transfer_id(), own_transfer_id);
+  lender_of_substitute_.emplace(own_transfer_id, used.transfer_id());
+  substitute_order_.emplace_back(used.transfer_id());
+  while (substitute_order_.size() > options_.max_notified_remembered) {
+    forget_substitute(substitute_order_.front());
+    substitute_order_.pop_front();
+  }
+}
+
+void SchedulerCoordinator::forget_substitute(std::string_view lender_id) {
+  auto it = substitute_for_lender_.find(lender_id);
+  if (it == substitute_for_lender_.end()) return;
+  if (auto back = lender_of_substitute_.find(it->second); back != lender_of_substitute_.end()) {
+    lender_of_substitute_.erase(back);
+  }
+  substitute_for_lender_.erase(it);
+}
+
 bool SchedulerCoordinator::report_malformed(const RequestView& request) {
   if (!request.has_malformed_params()) return false;
   if (!notified_.contains(request.request_id) && !malformed_pending_.contains(request.request_id)) {
@@ -428,7 +456,9 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
       all_ready = false;
       continue;
     }
-    if (table_.begin_load(mm_hash, transfer_id, request.request_id, now, now + options_.push_wait_timeout)) {
+    if (const TransferRecord* used =
+            table_.begin_load(mm_hash, transfer_id, request.request_id, now, now + options_.push_wait_timeout)) {
+      if (transfer_id) note_borrow(*used, *transfer_id);
       pending_work_ = true;
       owned_loads_[request.request_id].push_back(mm_hash);
       all_ready = false;
@@ -436,7 +466,11 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     }
     if (!transfer_id && !params) continue;  // no transfer was ever announced for it: the engine encodes it
     if (!transfer_id) warn_unresolved(request, i, "load gate");
-    const std::string waiting_id = transfer_id ? std::string(*transfer_id) : fallback_id(request, i);
+    std::string waiting_id = transfer_id ? std::string(*transfer_id) : fallback_id(request, i);
+    // Another request used this one's delivery: wait for that request's own push instead.
+    if (auto substitute = substitute_for_lender_.find(waiting_id); substitute != substitute_for_lender_.end()) {
+      waiting_id = substitute->second;
+    }
     note_awaiting_push(mm_hash, waiting_id, !transfer_id, request.request_id, now);
     all_ready = false;
   }
@@ -476,6 +510,7 @@ void SchedulerCoordinator::update_state_after_free(const RequestView& request, s
   }
   // Release now rather than at request end: a buffer held for the whole
   // generation pins a pool slot long after the embedding was used.
+  if (is_substitute(*transfer_id)) return;  // owed to the request whose delivery this one used
   queue_cancel(*transfer_id, clock_->now(), feature.identifier, request.request_id);
 }
 
@@ -557,7 +592,13 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
         continue;
       }
       handled.push_back(*transfer_id);
+      if (is_substitute(*transfer_id)) continue;  // owed to the request whose delivery this one used
       queue_cancel(*transfer_id, now, feature.identifier, request.request_id);
+      if (auto substitute = substitute_for_lender_.find(*transfer_id); substitute != substitute_for_lender_.end()) {
+        const std::string substitute_id = substitute->second;
+        forget_substitute(*transfer_id);
+        queue_cancel(substitute_id, now, feature.identifier);
+      }
     }
     // Bindings that match no feature still name a reservation some shard may hold.
     if (params) {

@@ -22,6 +22,8 @@ namespace {
 
 using json = nlohmann::json;
 constexpr auto kBusyPause = std::chrono::microseconds(50);
+// Longest wait, after the run, for the shards to answer the scheduler's last cancels.
+constexpr auto kSettleLimit = std::chrono::seconds(5);
 
 json item_json(const Item& item) {
   return json{{"mm_hash", item.mm_hash},
@@ -328,8 +330,15 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   }
   // Whatever is still pending at the deadline failed.
   for (const auto& id : std::vector<std::string>(s.order)) s.fail_unscheduled(id);
-  // Give the engine's frees back, then read the pools.
-  for (int i = 0; i < 2; ++i) s.step();
+  // Give the engine's frees back and let the shards acknowledge the scheduler's last
+  // remote cancels (sent asynchronously when the last requests finished: a READY
+  // record they release would otherwise still count as live), then read the pools.
+  const auto settle_by = std::chrono::steady_clock::now() + kSettleLimit;
+  for (int i = 0; i < 2 || (s.scheduler->pending_remote_cancels() > 0 && std::chrono::steady_clock::now() < settle_by);
+       ++i) {
+    s.step();
+    if (i >= 1) std::this_thread::sleep_for(kBusyPause);
+  }
   s.result.progress = s.snapshot(started);
   s.result.producer_done = s.producer_done;
   s.result.wall_s = duration_to_seconds(s.options.clock->now() - started);
@@ -390,9 +399,19 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     // A push submitted in the last step may not count as active yet; pending() sees
     // it, so a window of one really sends one item at a time.
     const auto& engine = *worker.push_engine();
-    const auto active = std::max<std::uint64_t>(engine.counters().pushes.active, engine.pending() ? 1 : 0);
+    const auto counters = engine.counters();
+    const auto active = std::max<std::uint64_t>(counters.pushes.active, engine.pending() ? 1 : 0);
+    // Like an encoder whose output buffer is full, admit nothing new while staging
+    // is mostly used: staging refuses what does not fit, and that push fails.
+    std::uint64_t staging_budget =
+        counters.staging_capacity - std::min(counters.staging_capacity, counters.staging_used_bytes);
+    staging_budget -= std::min(staging_budget, counters.staging_capacity / 4);  // headroom for fragmentation
     while (next < workload.size() && active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) &&
            batch.size() < 8) {
+      std::uint64_t bytes = 0;
+      for (const auto& item : workload[next].items) bytes += item.spec.nbytes();
+      if (bytes > staging_budget && active + batch.size() > 0) break;
+      staging_budget -= std::min(staging_budget, bytes);
       batch.push_back(&workload[next++]);
     }
     std::vector<scheduler::RequestView> views;

@@ -151,6 +151,9 @@ class SchedulerCoordinator {
   void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);
+  void note_borrow(const TransferRecord& used, std::string_view own_transfer_id);
+  void forget_substitute(std::string_view lender_id);
+  bool is_substitute(std::string_view transfer_id) const { return lender_of_substitute_.contains(transfer_id); }
   Result<TensorSpec> output_spec(const MmFeature& feature) const;
   static std::string fallback_id(const RequestView& request, std::size_t index);
 
@@ -188,6 +191,14 @@ class SchedulerCoordinator {
   // Loads still in flight whose request finished without allocating them: freed
   // once they complete, unless a request allocated them meanwhile.
   StringSet unowned_loads_;
+  // A request that loaded another request's delivered (not yet used) transfer of
+  // the same content leaves its own transfer to that request as a substitute: the
+  // lender's transfer id -> the borrower's, and back. The borrower does not cancel
+  // a substitute; the lender uses it (or cancels it when it finishes). Bounded,
+  // oldest forgotten (a forgotten substitute expires by its lease).
+  StringMap<std::string> substitute_for_lender_;
+  StringMap<std::string> lender_of_substitute_;
+  std::deque<std::string> substitute_order_;
 
   // Producer: planned pushes of this step, bindings planned so far, and which
   // request planned which binding.

@@ -357,6 +357,44 @@ TEST(CoordinatorConsumer, ALoadAnotherRequestAllocatedMeanwhileIsNotFreed) {
   EXPECT_TRUE(h.step().freed.empty());
 }
 
+// Request B loads A's delivery of the same image (B's own push has not landed yet).
+// B's own transfer is then owed to A: B must not cancel it, and A uses it.
+TEST(CoordinatorConsumer, ARequestThatUsedAnotherRequestsDeliveryLeavesItsOwnToThatRequest) {
+  Harness h;
+  auto a = request("ra", {"h"}, {"ta"});
+  auto b = request("rb", {"h"}, {"tb"});
+  h.events->ready("ta", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(b, 0));  // borrows ta
+  auto meta = h.step();
+  ASSERT_EQ(meta.loads.size(), 1u);
+  EXPECT_EQ(meta.loads[0].transfer_id, "ta");
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.update_state_after_free(b, 0);
+  h.coordinator.request_finished(b);
+  h.step();
+  h.step(StepView{{"h"}, {}});                                                    // evicted: ta is resident
+  h.coordinator.update_connector_output(WorkerOutput{{}, {}, {"h"}, false, {}});  // and its copy reclaimed
+  h.step();
+  EXPECT_NE(state_of(h.coordinator, "ta"), S::resident);
+  EXPECT_EQ(h.coordinator.table().find("tb"), nullptr);  // tb was not cancelled
+  // A arrives before tb landed: it waits for tb, not for its consumed ta.
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+  ASSERT_NE(h.coordinator.table().find("tb"), nullptr);
+  EXPECT_EQ(state_of(h.coordinator, "tb"), S::waiting_event);
+  h.events->ready("tb", "h");
+  h.step();
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  meta = h.step();
+  ASSERT_EQ(meta.loads.size(), 1u);
+  EXPECT_EQ(meta.loads[0].transfer_id, "tb");
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+}
+
 TEST(CoordinatorConsumer, PartialShardReadinessIsBounded) {
   auto options = testing::consumer_options();
   options.max_pending_shard_events = 3;

@@ -305,7 +305,10 @@ class Sequence {
           auto t = resolve_transfer_id(&*r.view.ec_transfer_params, i, r.view.mm_features[i].identifier);
           if (t && *t == tid) hash = r.view.mm_features[i].identifier;
         }
-        if (coordinator_->table().has_state(hash, {S::available, S::loading, S::ready, S::resident})) continue;
+        // (waiting_event: the push of another request whose delivery this one lent,
+        // which it now waits for under that push's own deadline.)
+        if (coordinator_->table().has_state(hash, {S::waiting_event, S::available, S::loading, S::ready, S::resident}))
+          continue;
         std::string detail = rec ? std::string(transfer_state_name(rec->state())) + " hash=" + rec->mm_hash() : "gone";
         return "request " + id + " still waits on " + tid + " (" + detail + ", item hash " + hash +
                ") past its deadline without being told";
