@@ -613,6 +613,16 @@ CancelOutcome ReservationCore::cancel(const CancelRequest& req) {
       transition(*r, S::expire_pending);
       return result(CancelOutcome::deferred);
     }
+    if (r->state == S::cancel_pending && (one_sided || !write_open)) {
+      // The consumer cancelled while the writer still held the slot. The writer's
+      // refresh is its abandon: refusing it would leave the slot deferred for good
+      // (the re-reserve that follows is told the transfer is cancelled, so nothing
+      // else would ever settle it).
+      if (write_open) close_write(*e);
+      publish(AbandonedEvent{r->transfer_id, r->mm_hash});
+      terminate_writer(*r, S::cancelled, true);
+      return result(CancelOutcome::cancelled);
+    }
     return result(CancelOutcome::rejected);
   }
 

@@ -669,6 +669,22 @@ TEST(OneSided, RefreshOfAnExpirePendingWriterReleasesIt) {
   EXPECT_TRUE(h.reserve_writer("t", "h", 1000).write);
 }
 
+// The consumer cancelled while the writer held the slot; the writer then refreshes
+// (its reservation grew old before it had a source). The refresh is the writer's
+// abandon: it frees the slot, and the re-reserve learns the transfer is cancelled.
+TEST(OneSided, RefreshOfACancelPendingWriterReleasesItAndTheTransferStaysCancelled) {
+  Harness h(4096, LandingMode::one_sided);
+  auto w = h.reserve_writer("t", "h", 1000);
+  EXPECT_EQ(h.manager->cancel({"t", {}, false, false}), CancelOutcome::deferred);
+  EXPECT_EQ(h.manager->state_of("t"), S::cancel_pending);
+  EXPECT_EQ(h.manager->cancel({"t", w.reservation_id, true, true}), CancelOutcome::cancelled);
+  EXPECT_EQ(h.manager->state_of("t"), S::cancelled);
+  EXPECT_EQ(h.manager->counters().pool_used_bytes, 0u);
+  EXPECT_EQ(h.manager->counters().live_records, 0u);
+  EXPECT_TRUE(std::holds_alternative<outcome::Cancelled>(h.manager->reserve(request("t", "h", 1000))));
+  EXPECT_TRUE(h.manager->check_invariants());
+}
+
 TEST(OneSided, ReceiverChosenLandingIsRefused) {
   Harness h(4096, LandingMode::one_sided);
   auto w = h.reserve_writer("t", "h", 1000);
