@@ -522,17 +522,19 @@ class UcxTransport final : public Transport {
   // its endpoint (the close would wait for it), so the owner hears `timeout` now and
   // the op lingers until UCX lets go of it. Its region stays in use meanwhile (a stuck
   // peer may still read the source once it resumes).
-  void abandon_send(SendOp& op) {
+  void abandon_send(SendOp& op, const Status& status = timeout_error(
+                                    "send did not complete before its deadline (the peer is not answering)")) {
     if (op.request == nullptr) {
-      finish_send(op.id, timeout_error("send did not complete before its deadline"));
+      finish_send(op.id, status);
       return;
     }
+    if (op.abandoned) return;
     op.abandoned = true;
     ++abandoned_sends_;
     if (auto endpoint = endpoints_.find(op.endpoint); endpoint != endpoints_.end())
       endpoint->second->sends.erase(op.id);
     stats_.sends_failed.fetch_add(1);
-    invoke_sent(op.on_sent, timeout_error("send did not complete before its deadline (the peer is not answering)"));
+    invoke_sent(op.on_sent, status);
   }
 
   // --- regions -------------------------------------------------------------------
@@ -1245,13 +1247,16 @@ class UcxTransport final : public Transport {
     // connection can discard what the peer has not read yet). Flush, then close
     // gracefully, boundedly, so a process that exits right after its sends
     // completed still delivers them.
-    flush_worker(std::chrono::steady_clock::now() + std::chrono::seconds(2));
+    // A peer that did not answer the flush (stopped, gone) would not answer a graceful
+    // close either, and UCX 1.13 aborts when a worker is destroyed under an endpoint
+    // still closing with requests: then close by force.
+    const bool flushed = flush_worker(std::chrono::steady_clock::now() + std::chrono::seconds(2));
     std::vector<std::uint64_t> ids;
     for (const auto& [id, endpoint] : endpoints_) {
       if (!endpoint->failed) ids.push_back(id);
     }
     for (const auto id : ids)
-      fail_endpoint(id, cancelled("transport shut down"), /*peer_failed=*/false, /*graceful=*/true);
+      fail_endpoint(id, cancelled("transport shut down"), /*peer_failed=*/false, /*graceful=*/flushed);
     // Let UCX complete what the closes cancelled, boundedly.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while ((!closing_.empty() || sends_.size() > abandoned_sends_ || !landings_.empty()) &&
@@ -1261,24 +1266,28 @@ class UcxTransport final : public Transport {
     }
     std::vector<std::uint64_t> leftover;
     for (const auto& [id, op] : sends_) leftover.push_back(id);
-    for (const auto id : leftover) finish_send(id, cancelled("transport shut down"));
+    // A send whose endpoint did not finish closing (a stopped peer never answers the
+    // graceful close) may still be completed by UCX, even inside ucp_worker_destroy:
+    // its owner hears now, the op stays until UCX lets go of it.
+    for (const auto id : leftover) abandon_send(*sends_.at(id), cancelled("transport shut down"));
     leftover.clear();
     for (const auto& [id, landing] : landings_) leftover.push_back(id);
     for (const auto id : leftover) abandon_landing(id, cancelled("transport shut down"));
   }
 
-  void flush_worker(std::chrono::steady_clock::time_point give_up) {
+  // Whether the flush finished within `give_up`.
+  bool flush_worker(std::chrono::steady_clock::time_point give_up) {
     ucp_request_param_t params{};
     void* request = ucp_worker_flush_nbx(worker_, &params);
-    if (!UCS_PTR_IS_PTR(request)) return;  // nothing was outstanding (or the flush failed at once)
+    if (!UCS_PTR_IS_PTR(request)) return true;  // nothing was outstanding (or the flush failed at once)
     while (ucp_request_check_status(request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < give_up) {
       ucp_worker_progress(worker_);
       handle_deferred();
     }
-    if (ucp_request_check_status(request) == UCS_INPROGRESS) {
-      logger()->warn("UCX flush at shutdown did not finish within its bound; closing anyway");
-    }
+    const bool finished = ucp_request_check_status(request) != UCS_INPROGRESS;
+    if (!finished) logger()->warn("UCX flush at shutdown did not finish within its bound; closing by force");
     ucp_request_free(request);  // UCX releases an unfinished one when it completes
+    return finished;
   }
 
   void destroy_ucx() {
