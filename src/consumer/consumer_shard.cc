@@ -163,8 +163,9 @@ class ShardHandler final : public control::ControlHandler {
       reply.data.segment = state_->data_address;
       reply.data.base = reinterpret_cast<std::uint64_t>(state_->slab->data());
     }
-    reply.features.emplace_back(c.ucx_mode == "put" || c.transport != "ucx" ? wire::kFeatureOneSided
-                                                                            : wire::kFeatureActiveMessages);
+    // One-sided (the producer writes at the reserved offset, then `complete`s) only
+    // over Mooncake: UCX put still lands through a grant from the payload's header.
+    reply.features.emplace_back(c.transport != "ucx" ? wire::kFeatureOneSided : wire::kFeatureActiveMessages);
     if (c.checksum) reply.features.emplace_back(wire::kFeatureChecksum);
     if (!c.auth_secret.empty()) reply.features.emplace_back(wire::kFeatureAuth);
     reply.pool_bytes = state_->slab->size();
@@ -175,7 +176,7 @@ class ShardHandler final : public control::ControlHandler {
                                                  std::span<const wire::ReserveItem> items) override {
     std::vector<wire::ReserveResult> results;
     results.reserve(items.size());
-    const bool one_sided = state_->config.ucx_mode == "put" || state_->config.transport != "ucx";
+    const bool one_sided = state_->config.transport != "ucx";
     for (const auto& item : items) {
       ReserveRequest request{item.transfer_id, item.mm_hash, item.spec, item.checksum};
       results.push_back(to_wire(state_->reservations->reserve(request), one_sided));

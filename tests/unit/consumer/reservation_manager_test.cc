@@ -939,9 +939,13 @@ TEST(Config, OptionsFollowTheConfiguration) {
   EXPECT_EQ(o.tombstone_max, 7u);
   EXPECT_EQ(o.retry_after, std::chrono::milliseconds(9));
   EXPECT_TRUE(o.checksum);
-  EXPECT_EQ(o.mode, LandingMode::one_sided);
+  // UCX put: the consumer still grants every landing from its header.
+  EXPECT_EQ(o.mode, LandingMode::receiver_chosen);
   c.ucx_mode = "am";
   EXPECT_EQ(ReservationOptions::from_config(c, slab.data(), slab.size()).mode, LandingMode::receiver_chosen);
+  // Mooncake: the producer writes where the reservation said and then completes.
+  c.transport = "mooncake";
+  EXPECT_EQ(ReservationOptions::from_config(c, slab.data(), slab.size()).mode, LandingMode::one_sided);
 }
 
 }  // namespace
