@@ -319,12 +319,16 @@ void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_v
   // belongs to no other request.
   if (used.transfer_id() == own_transfer_id || used.invented_name() || (used.spec() && used.spec()->local)) return;
   if (auto substitute = substitute_for_lender_.find(own_transfer_id);
-      substitute != substitute_for_lender_.end() && substitute->second == used.transfer_id()) {
+      substitute != substitute_for_lender_.end() && substitute->second.transfer_id == used.transfer_id()) {
     forget_substitute(own_transfer_id);  // the lender now uses what it was owed
     return;
   }
   if (substitute_for_lender_.contains(used.transfer_id()) || lender_of_substitute_.contains(own_transfer_id)) return;
-  substitute_for_lender_.emplace(used.transfer_id(), own_transfer_id);
+  logger()->debug(
+      "EC transfer_id={} serves a request that named transfer_id={}; the latter is kept for the former's "
+      "request",
+      shorten(used.transfer_id()), shorten(own_transfer_id));
+  substitute_for_lender_.emplace(used.transfer_id(), Substitute{std::string(own_transfer_id)});
   lender_of_substitute_.emplace(own_transfer_id, used.transfer_id());
   substitute_order_.emplace_back(used.transfer_id());
   while (substitute_order_.size() > options_.max_notified_remembered) {
@@ -336,10 +340,21 @@ void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_v
 void SchedulerCoordinator::forget_substitute(std::string_view lender_id) {
   auto it = substitute_for_lender_.find(lender_id);
   if (it == substitute_for_lender_.end()) return;
-  if (auto back = lender_of_substitute_.find(it->second); back != lender_of_substitute_.end()) {
+  if (auto back = lender_of_substitute_.find(it->second.transfer_id); back != lender_of_substitute_.end()) {
     lender_of_substitute_.erase(back);
   }
   substitute_for_lender_.erase(it);
+}
+
+void SchedulerCoordinator::finish_substitute_side(std::string_view lender_id, bool lender, TimePoint now,
+                                                  std::string_view mm_hash) {
+  auto it = substitute_for_lender_.find(lender_id);
+  if (it == substitute_for_lender_.end()) return;
+  (lender ? it->second.lender_done : it->second.borrower_done) = true;
+  if (!it->second.lender_done || !it->second.borrower_done) return;
+  const std::string substitute_id = it->second.transfer_id;
+  forget_substitute(lender_id);
+  queue_cancel(substitute_id, now, mm_hash);
 }
 
 bool SchedulerCoordinator::report_malformed(const RequestView& request) {
@@ -451,7 +466,11 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     // A local hit keeps the transfer: the hit is a snapshot, and the entry may be
     // evicted before the request runs.
     if (local_cache_.contains(mm_hash)) continue;
-    if (table_.has_state(mm_hash, {TransferState::ready})) continue;
+    if (const TransferRecord* ready = table_.oldest_in_state(mm_hash, TransferState::ready)) {
+      // Another request's load serves this one too; its own transfer is owed to that request.
+      if (transfer_id) note_borrow(*ready, *transfer_id);
+      continue;
+    }
     if (table_.has_state(mm_hash, {TransferState::loading})) {
       all_ready = false;
       continue;
@@ -469,7 +488,7 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     std::string waiting_id = transfer_id ? std::string(*transfer_id) : fallback_id(request, i);
     // Another request used this one's delivery: wait for that request's own push instead.
     if (auto substitute = substitute_for_lender_.find(waiting_id); substitute != substitute_for_lender_.end()) {
-      waiting_id = substitute->second;
+      waiting_id = substitute->second.transfer_id;
     }
     note_awaiting_push(mm_hash, waiting_id, !transfer_id, request.request_id, now);
     all_ready = false;
@@ -510,8 +529,15 @@ void SchedulerCoordinator::update_state_after_free(const RequestView& request, s
   }
   // Release now rather than at request end: a buffer held for the whole
   // generation pins a pool slot long after the embedding was used.
-  if (is_substitute(*transfer_id)) return;  // owed to the request whose delivery this one used
-  queue_cancel(*transfer_id, clock_->now(), feature.identifier, request.request_id);
+  const TimePoint now = clock_->now();
+  if (auto lender = lender_of_substitute_.find(*transfer_id); lender != lender_of_substitute_.end()) {
+    // Owed to the request whose delivery this one used: cancelled once both are done.
+    const std::string lender_id = lender->second;
+    finish_substitute_side(lender_id, /*lender=*/false, now, feature.identifier);
+    return;
+  }
+  queue_cancel(*transfer_id, now, feature.identifier, request.request_id);
+  finish_substitute_side(*transfer_id, /*lender=*/true, now, feature.identifier);
 }
 
 ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
@@ -592,13 +618,13 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
         continue;
       }
       handled.push_back(*transfer_id);
-      if (is_substitute(*transfer_id)) continue;  // owed to the request whose delivery this one used
-      queue_cancel(*transfer_id, now, feature.identifier, request.request_id);
-      if (auto substitute = substitute_for_lender_.find(*transfer_id); substitute != substitute_for_lender_.end()) {
-        const std::string substitute_id = substitute->second;
-        forget_substitute(*transfer_id);
-        queue_cancel(substitute_id, now, feature.identifier);
+      if (auto lender = lender_of_substitute_.find(*transfer_id); lender != lender_of_substitute_.end()) {
+        const std::string lender_id = lender->second;
+        finish_substitute_side(lender_id, /*lender=*/false, now, feature.identifier);
+        continue;
       }
+      queue_cancel(*transfer_id, now, feature.identifier, request.request_id);
+      finish_substitute_side(*transfer_id, /*lender=*/true, now, feature.identifier);
     }
     // Bindings that match no feature still name a reservation some shard may hold.
     if (params) {

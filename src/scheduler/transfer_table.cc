@@ -172,6 +172,11 @@ const TransferTable::HashIndex* TransferTable::find_hash(std::string_view mm_has
   return id == detail::kNoId ? nullptr : &hash_entries_[id];
 }
 
+const TransferRecord* TransferTable::oldest_in_state(std::string_view mm_hash, TransferState state) const {
+  const HashIndex* entry = find_hash(mm_hash);
+  return entry == nullptr || is_terminal(state) ? nullptr : entry->by_state[idx(state)].head;
+}
+
 bool TransferTable::has_state(std::string_view mm_hash, StateMask states) const {
   const HashIndex* entry = find_hash(mm_hash);
   if (entry == nullptr) return false;
@@ -489,6 +494,10 @@ bool TransferTable::fail_load(std::string_view mm_hash, TimePoint now) {
 }
 
 void TransferTable::expire_as_orphan(TransferRecord& r, TimePoint now) {
+  logger()->debug(
+      "EC transfer_id={} (mm_hash={}, named by request {}) expires from {}: another copy of the hash "
+      "is kept, or the resident capacity is exceeded, or a worker reclaimed it",
+      shorten(r.transfer_id_), shorten(r.mm_hash_), shorten(r.request_id_), transfer_state_name(r.state_));
   if (transition(r, TransferState::expired, now)) orphans_.push_back(r.transfer_id_);
 }
 

@@ -153,7 +153,8 @@ class SchedulerCoordinator {
   void mark_request_unavailable(std::string_view request_id);
   void note_borrow(const TransferRecord& used, std::string_view own_transfer_id);
   void forget_substitute(std::string_view lender_id);
-  bool is_substitute(std::string_view transfer_id) const { return lender_of_substitute_.contains(transfer_id); }
+  // One side of a substitute finished: the second to finish cancels it.
+  void finish_substitute_side(std::string_view lender_id, bool lender, TimePoint now, std::string_view mm_hash);
   Result<TensorSpec> output_spec(const MmFeature& feature) const;
   static std::string fallback_id(const RequestView& request, std::size_t index);
 
@@ -191,12 +192,18 @@ class SchedulerCoordinator {
   // Loads still in flight whose request finished without allocating them: freed
   // once they complete, unless a request allocated them meanwhile.
   StringSet unowned_loads_;
-  // A request that loaded another request's delivered (not yet used) transfer of
-  // the same content leaves its own transfer to that request as a substitute: the
-  // lender's transfer id -> the borrower's, and back. The borrower does not cancel
-  // a substitute; the lender uses it (or cancels it when it finishes). Bounded,
-  // oldest forgotten (a forgotten substitute expires by its lease).
-  StringMap<std::string> substitute_for_lender_;
+  // A request served by another request's delivery of the same content (it loaded
+  // that transfer, or used the copy that transfer's load brought in) leaves its own
+  // transfer to that request as a substitute, in case the shared copy is gone before
+  // the lender runs: the lender's transfer id -> the borrower's, and back. The
+  // substitute is cancelled by whichever of the two requests finishes last, or used
+  // by the lender. Bounded, oldest forgotten (a forgotten one expires by its lease).
+  struct Substitute {
+    std::string transfer_id;
+    bool lender_done = false;
+    bool borrower_done = false;
+  };
+  StringMap<Substitute> substitute_for_lender_;
   StringMap<std::string> lender_of_substitute_;
   std::deque<std::string> substitute_order_;
 

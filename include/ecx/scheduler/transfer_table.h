@@ -163,6 +163,8 @@ class TransferTable {
   const TransferRecord* find(std::string_view transfer_id) const;
   // Whether any record of `mm_hash` is in one of `states` (live states only). O(1).
   bool has_state(std::string_view mm_hash, StateMask states) const;
+  // The oldest record of `mm_hash` in a live `state`, or nullptr. O(1).
+  const TransferRecord* oldest_in_state(std::string_view mm_hash, TransferState state) const;
   std::size_t size() const noexcept { return records_.in_use(); }
   std::size_t live_count() const noexcept { return records_.in_use() - tombstones_.size; }
   std::size_t tombstone_count() const noexcept { return tombstones_.size; }

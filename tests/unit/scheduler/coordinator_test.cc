@@ -395,6 +395,49 @@ TEST(CoordinatorConsumer, ARequestThatUsedAnotherRequestsDeliveryLeavesItsOwnToT
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
 }
 
+// The same, when B uses the copy A's own load already brought into the workers'
+// caches (no load of its own), and that copy is gone before A runs.
+TEST(CoordinatorConsumer, ARequestServedByAnotherRequestsLoadLeavesItsOwnTransferToThatRequest) {
+  Harness h;
+  auto a = request("ra", {"h", "other"}, {"ta", "t-other"});
+  auto b = request("rb", {"h"}, {"tb"});
+  h.events->ready("ta", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // loads ta; "other" never arrives yet
+  EXPECT_EQ(h.step().loads.size(), 1u);
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));  // served by A's load
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.update_state_after_free(b, 0);
+  h.coordinator.request_finished(b);
+  h.step();
+  h.step(StepView{{"h"}, {}});                                                    // B's use ends: evicted
+  h.coordinator.update_connector_output(WorkerOutput{{}, {}, {"h"}, false, {}});  // and the copy reclaimed
+  h.step();
+  EXPECT_EQ(h.coordinator.table().find("tb"), nullptr);  // tb was not cancelled
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  EXPECT_EQ(state_of(h.coordinator, "tb"), S::waiting_event);  // A waits for B's push
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+}
+
+TEST(CoordinatorConsumer, ASubstituteIsCancelledOnceBothRequestsFinished) {
+  Harness h;
+  auto a = request("ra", {"h", "other"}, {"ta", "t-other"});
+  auto b = request("rb", {"h"}, {"tb"});
+  h.events->ready("ta", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));  // tb becomes A's substitute
+  h.coordinator.request_finished(b);
+  h.events->ready("tb", "h");
+  h.step();
+  h.coordinator.has_cache_item("h");  // drains: tb is available, kept for A
+  EXPECT_EQ(state_of(h.coordinator, "tb"), S::available);
+  h.coordinator.request_finished(a);  // the second to finish cancels it
+  EXPECT_EQ(state_of(h.coordinator, "tb"), S::cancelled);
+  h.settle_cancels(2);
+}
+
 TEST(CoordinatorConsumer, PartialShardReadinessIsBounded) {
   auto options = testing::consumer_options();
   options.max_pending_shard_events = 3;
