@@ -1259,10 +1259,20 @@ class UcxTransport final : public Transport {
       fail_endpoint(id, cancelled("transport shut down"), /*peer_failed=*/false, /*graceful=*/flushed);
     // Let UCX complete what the closes cancelled, boundedly.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while ((!closing_.empty() || sends_.size() > abandoned_sends_ || !landings_.empty()) &&
+    while ((!closing_.empty() || sends_.size() > abandoned_sends_ || !landings_.empty() || flush_pending()) &&
            std::chrono::steady_clock::now() < give_up) {
       ucp_worker_progress(worker_);
       handle_deferred();
+    }
+    // UCX 1.13 aborts the process when a worker is destroyed while an endpoint still
+    // holds requests (a peer that is stopped answers neither the flush nor the close).
+    // Then the worker is left to the process's exit instead (destroy_ucx).
+    if (flush_pending() || !closing_.empty()) {
+      ucx_unreleased_ = true;
+      logger()->error(
+          "UCX did not release {} closing endpoint(s) within the shutdown bound (a peer that does not answer); "
+          "the UCX worker is left to the process's exit rather than destroyed under them",
+          closing_.size());
     }
     std::vector<std::uint64_t> leftover;
     for (const auto& [id, op] : sends_) leftover.push_back(id);
@@ -1285,13 +1295,26 @@ class UcxTransport final : public Transport {
       handle_deferred();
     }
     const bool finished = ucp_request_check_status(request) != UCS_INPROGRESS;
-    if (!finished) logger()->warn("UCX flush at shutdown did not finish within its bound; closing by force");
-    ucp_request_free(request);  // UCX releases an unfinished one when it completes
+    if (finished) {
+      ucp_request_free(request);
+    } else {
+      logger()->warn("UCX flush at shutdown did not finish within its bound; closing by force");
+      shutdown_flush_ = request;  // the forced closes should end it; checked before the worker goes
+    }
     return finished;
+  }
+
+  bool flush_pending() {
+    if (shutdown_flush_ == nullptr) return false;
+    if (ucp_request_check_status(shutdown_flush_) == UCS_INPROGRESS) return true;
+    ucp_request_free(shutdown_flush_);
+    shutdown_flush_ = nullptr;
+    return false;
   }
 
   void destroy_ucx() {
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    if (ucx_unreleased_) return;  // see shut_down_on_thread: destroying would abort
     for (auto& [id, request] : closing_) ucp_request_free(request);
     closing_.clear();
     control_in_flight_.clear();
@@ -1303,6 +1326,8 @@ class UcxTransport final : public Transport {
 
   UcxOptions options_;
   ucp_context_h context_ = nullptr;
+  void* shutdown_flush_ = nullptr;  // a shutdown flush UCX has not finished
+  bool ucx_unreleased_ = false;     // UCX still holds endpoint requests: never destroy the worker
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
   int ucx_fd_ = -1;
