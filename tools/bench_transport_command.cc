@@ -64,38 +64,6 @@ struct BenchOptions {
 const std::vector<std::uint64_t> kSweepSizes = {4ULL << 10, 16ULL << 10, 64ULL << 10, 256ULL << 10, 1ULL << 20,
                                                 4ULL << 20, 9ULL << 20,  16ULL << 20, 64ULL << 20};
 
-Result<std::uint64_t> parse_size(std::string_view text) {
-  std::size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
-    ++digits;
-  if (digits == 0) return invalid_argument(fmt::format("size '{}' does not start with a number", text));
-  const double number = std::stod(std::string(text.substr(0, digits)));
-  std::string unit(text.substr(digits));
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
-  double scale = 1;
-  if (unit.empty() || unit == "b") {
-    scale = 1;
-  } else if (unit == "k" || unit == "kib" || unit == "kb") {
-    scale = 1024.0;
-  } else if (unit == "m" || unit == "mib" || unit == "mb") {
-    scale = 1024.0 * 1024;
-  } else if (unit == "g" || unit == "gib" || unit == "gb") {
-    scale = 1024.0 * 1024 * 1024;
-  } else {
-    return invalid_argument(fmt::format("size '{}': unknown unit '{}' (K, M, G are binary)", text, unit));
-  }
-  const auto bytes = static_cast<std::uint64_t>(std::llround(number * scale));
-  if (bytes == 0) return invalid_argument(fmt::format("size '{}' is zero", text));
-  return bytes;
-}
-
-std::string size_label(std::uint64_t bytes) {
-  if (bytes >= (1ULL << 20) && bytes % (1ULL << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
-  if (bytes >= (1ULL << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
-  return fmt::format("{} B", bytes);
-}
-
 // UCX_TLS for each named transport, the same for ECX and ucx_perftest (self only
 // matters for a process talking to itself).
 std::string ucx_tls(const std::string& transport) { return transport == "shm" ? "sm,self" : "tcp"; }
@@ -653,7 +621,7 @@ int run_bench(const BenchOptions& options) {
   } else if (!options.sizes_text.empty()) {
     std::istringstream list(options.sizes_text);
     for (std::string item; std::getline(list, item, ',');) {
-      auto size = parse_size(item);
+      auto size = parse_byte_size(item);
       if (!size) {
         std::cerr << "ecx bench transport: " << size.status().message() << "\n";
         return 2;
@@ -661,7 +629,7 @@ int run_bench(const BenchOptions& options) {
       sizes.push_back(*size);
     }
   } else {
-    auto size = parse_size(options.size_text);
+    auto size = parse_byte_size(options.size_text);
     if (!size) {
       std::cerr << "ecx bench transport: " << size.status().message() << "\n";
       return 2;
@@ -724,13 +692,13 @@ int run_bench(const BenchOptions& options) {
       Series written = pick_median(mooncake_runs);
       if (perftest) written.ratio_vs_perftest = written.gbps / perftest->gbps;
       std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}  ({:.2f} x ecx over UCX tcp)\n",
-                               size_label(size), "ecx_mooncake", written.gbps, *written.p50_us, *written.p99_us,
+                               byte_size_label(size), "ecx_mooncake", written.gbps, *written.p50_us, *written.p99_us,
                                written.ratio_vs_perftest ? fmt::format("{:.2f}", *written.ratio_vs_perftest) : "-",
                                written.gbps / ecx.gbps);
       all.push_back(written);
     }
 
-    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n", mooncake ? "" : size_label(size),
+    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n", mooncake ? "" : byte_size_label(size),
                              mooncake ? "ecx (ucx tcp)" : "ecx", ecx.gbps, *ecx.p50_us, *ecx.p99_us,
                              ecx.ratio_vs_perftest ? fmt::format("{:.2f}", *ecx.ratio_vs_perftest) : "-");
     if (perftest) {
