@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/logging.h"
+#include "ecx/core/sanitizers.h"
 #include "transport/address.h"
 
 namespace ecx::transport {
@@ -1314,7 +1315,11 @@ class UcxTransport final : public Transport {
 
   void destroy_ucx() {
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
-    if (ucx_unreleased_) return;  // see shut_down_on_thread: destroying would abort
+    if (ucx_unreleased_) {  // see shut_down_on_thread: destroying would abort
+      keep_until_exit(worker_);
+      keep_until_exit(context_);
+      return;
+    }
     for (auto& [id, request] : closing_) ucp_request_free(request);
     closing_.clear();
     control_in_flight_.clear();
