@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -290,6 +291,58 @@ int run_consumer(const BenchOptions& options) {
 }
 
 // The producer half: one run of `count` sends of `size` bytes, `window` in flight.
+// Keeps up to `window` asynchronous operations (sends or one-sided writes) in
+// flight and records each one's start-to-completion latency. `issue(i, done)` starts
+// operation i and arranges for `done` to be called once with its outcome.
+class WindowedOps {
+ public:
+  using Done = std::function<void(Status)>;
+  using Issue = std::function<Status(std::uint64_t index, Done done)>;
+
+  WindowedOps(std::uint64_t window, std::uint64_t expected) : window_(window) { latencies_us_.reserve(expected); }
+
+  // The first error among the `n` operations, or ok; latencies are kept when `record`.
+  Status run(std::uint64_t n, bool record, const Issue& issue) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      {
+        std::unique_lock lock(mutex_);
+        if (!changed_.wait_for(lock, 60s, [&] { return in_flight_ < window_; })) {
+          return timeout_error("operations stalled");
+        }
+        ++in_flight_;
+      }
+      const auto started = Clock::now();
+      auto status = issue(i, [this, started, record](Status s) {
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
+        std::lock_guard lock(mutex_);
+        --in_flight_;
+        if (!s) {
+          if (first_error_) first_error_ = s;
+        } else if (record) {
+          latencies_us_.push_back(us);
+        }
+        changed_.notify_all();
+      });
+      if (!status) return status;
+    }
+    std::unique_lock lock(mutex_);
+    if (!changed_.wait_for(lock, 120s, [&] { return in_flight_ == 0; })) {
+      return timeout_error("operations never completed");
+    }
+    return first_error_;
+  }
+
+  const std::vector<double>& latencies_us() const { return latencies_us_; }
+
+ private:
+  const std::uint64_t window_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::uint64_t in_flight_ = 0;
+  std::vector<double> latencies_us_;
+  Status first_error_;
+};
+
 Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
   Child consumer(
       {self_executable(), "bench", "transport", "--consumer", "--transport", ucx_transport(options), "--mode",
@@ -315,42 +368,14 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   auto endpoint = transport->connect(line->substr(8));
   if (!endpoint) return endpoint.status();
 
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::uint64_t in_flight = 0, completed = 0, failed = 0;
-  std::vector<double> latencies_us;
-  latencies_us.reserve(count);
-  Status first_error;
+  WindowedOps ops(window, count);
   const auto clock = SteadyClock::shared();
   const std::byte header[64] = {};
-
   auto run_batch = [&](std::uint64_t n, bool record) -> Status {
-    for (std::uint64_t i = 0; i < n; ++i) {
-      {
-        std::unique_lock lock(mutex);
-        if (!changed.wait_for(lock, 60s, [&] { return in_flight < window; })) return timeout_error("sends stalled");
-        ++in_flight;
-      }
-      const auto started = Clock::now();
-      auto status = transport->send(
-          *endpoint, header, *region, (i % window) * size, size, clock->now() + 60s, [&, started, record](Status s) {
-            const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
-            std::lock_guard lock(mutex);
-            --in_flight;
-            ++completed;
-            if (!s) {
-              ++failed;
-              if (first_error) first_error = s;
-            } else if (record) {
-              latencies_us.push_back(us);
-            }
-            changed.notify_all();
-          });
-      if (!status) return status;
-    }
-    std::unique_lock lock(mutex);
-    if (!changed.wait_for(lock, 120s, [&] { return in_flight == 0; })) return timeout_error("sends never completed");
-    return first_error;
+    return ops.run(n, record, [&](std::uint64_t i, WindowedOps::Done done) {
+      return transport->send(*endpoint, header, *region, (i % window) * size, size, clock->now() + 60s,
+                             std::move(done));
+    });
   };
 
   const std::uint64_t warmup = std::max<std::uint64_t>(window * 2, count / 10);
@@ -371,8 +396,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   series.size = size;
   series.count = count;
   series.gbps = static_cast<double>(size * count) / seconds / 1e9;
-  series.p50_us = percentile(latencies_us, 50);
-  series.p99_us = percentile(latencies_us, 99);
+  series.p50_us = percentile(ops.latencies_us(), 50);
+  series.p99_us = percentile(ops.latencies_us(), 99);
   return series;
 }
 
@@ -402,39 +427,13 @@ Result<Series> run_mooncake(const BenchOptions& options, std::uint64_t size, std
   auto endpoint = transport->connect(segment);
   if (!endpoint) return endpoint.status();
 
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::uint64_t in_flight = 0;
-  std::vector<double> latencies_us;
-  latencies_us.reserve(count);
-  Status first_error;
+  WindowedOps ops(window, count);
   const auto clock = SteadyClock::shared();
   auto run_batch = [&](std::uint64_t n, bool record) -> Status {
-    for (std::uint64_t i = 0; i < n; ++i) {
-      {
-        std::unique_lock lock(mutex);
-        if (!changed.wait_for(lock, 60s, [&] { return in_flight < window; })) return timeout_error("writes stalled");
-        ++in_flight;
-      }
-      const auto started = Clock::now();
+    return ops.run(n, record, [&](std::uint64_t i, WindowedOps::Done done) {
       const std::uint64_t slot = (i % window) * size;
-      auto status = transport->write(
-          *endpoint, *region, slot, size, base + slot, clock->now() + 60s, [&, started, record](Status s) {
-            const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
-            std::lock_guard lock(mutex);
-            --in_flight;
-            if (!s) {
-              if (first_error) first_error = s;
-            } else if (record) {
-              latencies_us.push_back(us);
-            }
-            changed.notify_all();
-          });
-      if (!status) return status;
-    }
-    std::unique_lock lock(mutex);
-    if (!changed.wait_for(lock, 120s, [&] { return in_flight == 0; })) return timeout_error("writes never settled");
-    return first_error;
+      return transport->write(*endpoint, *region, slot, size, base + slot, clock->now() + 60s, std::move(done));
+    });
   };
   const std::uint64_t warmup = std::max<std::uint64_t>(window * 2, count / 10);
   ECX_RETURN_IF_ERROR(run_batch(warmup, false));
@@ -452,8 +451,8 @@ Result<Series> run_mooncake(const BenchOptions& options, std::uint64_t size, std
   series.size = size;
   series.count = count;
   series.gbps = static_cast<double>(size * count) / seconds / 1e9;
-  series.p50_us = percentile(latencies_us, 50);
-  series.p99_us = percentile(latencies_us, 99);
+  series.p50_us = percentile(ops.latencies_us(), 50);
+  series.p99_us = percentile(ops.latencies_us(), 99);
   return series;
 }
 
@@ -698,8 +697,9 @@ int run_bench(const BenchOptions& options) {
       all.push_back(written);
     }
 
-    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n", mooncake ? "" : byte_size_label(size),
-                             mooncake ? "ecx (ucx tcp)" : "ecx", ecx.gbps, *ecx.p50_us, *ecx.p99_us,
+    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n",
+                             mooncake ? "" : byte_size_label(size), mooncake ? "ecx (ucx tcp)" : "ecx", ecx.gbps,
+                             *ecx.p50_us, *ecx.p99_us,
                              ecx.ratio_vs_perftest ? fmt::format("{:.2f}", *ecx.ratio_vs_perftest) : "-");
     if (perftest) {
       std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "ucx_perftest_am_bw", perftest->gbps,
