@@ -17,6 +17,7 @@
 #include "ecx/consumer/consumer_shard.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
+#include "fault_support.h"
 #include "mooncake_test_support.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
@@ -28,23 +29,10 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-json consumer_document(int port, const std::string& pool, const json& extra_overrides = json::object()) {
-  json extra{{"transport", "mooncake"},
-             {"checksum", true},
-             {"push_wait_timeout_s", 30},
-             {"control_timeout_s", 5},
-             {"shutdown_drain_timeout_s", 2}};
-  extra.update(extra_overrides);
-  return json{{"ec_role", "ec_consumer"}, {"ec_ip", "127.0.0.1"},      {"ec_port", port},
-              {"ec_buffer_size", pool},   {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
-}
-
-Config consumer_config(int tp, int port, const std::string& pool, const json& extra_overrides = json::object()) {
-  ParallelLayout layout;
-  layout.tp_size = tp;
-  auto config = parse_config(consumer_document(port, pool, extra_overrides).dump(), layout);
-  EXPECT_TRUE(config) << config.status().to_string();
-  return config ? *config : Config{};
+// The fault tests' CPU-pool consumer, over the Mooncake data plane.
+Config consumer_config(int tp, int port, const std::string& pool, json extra_overrides = json::object()) {
+  extra_overrides["transport"] = "mooncake";
+  return fault::consumer_config(tp, port, pool, extra_overrides);
 }
 
 struct Workload {
