@@ -107,13 +107,16 @@ void SchedulerCoordinator::drain(TimePoint now) {
   drained_at_ = now;
   ++stats_.drains;
   poll_pending_cancels();
+  // Events before deadlines: a readiness that reached the inbox while this engine was
+  // busy must not lose to a push-wait deadline that passed in the meantime.
+  if (events_ && !closed_) {
+    event_buffer_.clear();
+    events_->drain(event_buffer_, options_.max_events_per_drain);
+    for (const auto& event : event_buffer_) accept_event(event, now);
+  }
   cancel_buffer_.clear();
   table_.expire(now, cancel_buffer_);
   for (const auto& id : cancel_buffer_) queue_cancel(id, now);
-  if (!events_ || closed_) return;
-  event_buffer_.clear();
-  events_->drain(event_buffer_, options_.max_events_per_drain);
-  for (const auto& event : event_buffer_) accept_event(event, now);
 }
 
 void SchedulerCoordinator::accept_event(const TransferEvent& event, TimePoint now) {

@@ -316,6 +316,29 @@ TEST(CoordinatorConsumer, RequestFinishedCancelsBindingsThatMatchNoFeature) {
   h.settle_cancels(2);
 }
 
+TEST(CoordinatorConsumer, AReadinessQueuedBeforeTheNextDrainBeatsAPushWaitThatPassedMeanwhile) {
+  Harness h;
+  auto r = request("r1", {"h0"}, {"t0"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));  // waits for the push
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::waiting_event);
+  h.step();
+  // The engine was busy: the readiness reached the inbox, and the push-wait deadline
+  // passed, before the scheduler looked again.
+  h.events->ready("t0", "h0");
+  h.advance(61s);
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));  // loads it
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::loading);
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+
+  // With nothing in the inbox, the same deadline does fail the request.
+  Harness quiet;
+  EXPECT_FALSE(quiet.coordinator.ensure_cache_available(r, 0));
+  quiet.step();
+  quiet.advance(61s);
+  EXPECT_FALSE(quiet.coordinator.ensure_cache_available(r, 0));
+  EXPECT_EQ(quiet.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+}
+
 TEST(CoordinatorConsumer, LoadsOfAFinishedRequestThatNeverAllocatedThemAreFreed) {
   Harness h;
   auto r = request("r1", {"h0", "h1"}, {"t0", "t1"});
