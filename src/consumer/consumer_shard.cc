@@ -131,8 +131,14 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
     const auto resolution =
         reservations->resolve_landing(header->transfer_id, header->reservation_id, payload_bytes, header->generation);
     if (!resolution.accepted()) {
-      return unavailable(fmt::format("transfer_id={}: payload refused ({})", header->transfer_id,
-                                     landing_refusal_name(resolution.refusal)));
+      // The producer only learns "rejected": say here why, with what the record is now
+      // (cancelled or expired records refuse a late payload; nothing else should).
+      const auto state = reservations->state_of(header->transfer_id);
+      auto refused = unavailable(fmt::format("transfer_id={}: payload refused ({}; record {})", header->transfer_id,
+                                             landing_refusal_name(resolution.refusal),
+                                             state ? reservation_state_name(*state) : "gone"));
+      log->info("shard {}: {}", config.layout.tp_rank, refused.message());
+      return refused;
     }
     return transport::Landing{resolution.target->data, resolution.target->length, resolution.target->generation};
   }
