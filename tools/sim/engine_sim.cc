@@ -5,14 +5,18 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
 #include "ecx/core/logging.h"
+#include "ecx/pool/slab.h"
 #include "ecx/scheduler/coordinator.h"
 #include "ecx/worker/scheduler_links.h"
 #include "ecx/worker/worker_coordinator.h"
@@ -70,8 +74,13 @@ struct ConsumerSim::State {
   std::string admit_endpoint;
   std::unique_ptr<scheduler::SchedulerCoordinator> scheduler;
   std::vector<std::unique_ptr<worker::WorkerCoordinator>> workers;
-  using Cache = std::unordered_map<std::string, std::vector<std::byte>>;
+  // Each cached tensor is its own anonymous mapping (a host Slab without huge pages):
+  // freeing it returns its pages at once, so the process's RSS less cache_bytes() is
+  // what ECX holds. Heap blocks of these sizes (2-18 MB, hundreds live) would leave
+  // the allocator's arenas fragmented and the RSS swinging with the workload.
+  using Cache = std::unordered_map<std::string, pool::Slab>;
   std::vector<Cache> caches;  // one encoder cache per TP rank
+  const std::uint64_t page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 
   struct Pending {
     scheduler::RequestView view;
@@ -184,9 +193,11 @@ struct ConsumerSim::State {
           ok = false;
           break;
         }
-        if (found->second.size() != item.spec.nbytes() || !content_matches(item.mm_hash, found->second)) {
+        const pool::Slab& cached = found->second;
+        if (cached.size() != item.spec.nbytes() ||
+            !content_matches(item.mm_hash, std::span<const std::byte>(cached.data(), cached.size()))) {
           log->error("rank {}: request {}: the encoder cache holds {} bytes for {} that differ from what was encoded",
-                     rank, p.view.request_id, found->second.size(), item.mm_hash);
+                     rank, p.view.request_id, cached.size(), item.mm_hash);
           ++result.content_mismatches;
           ok = false;
         } else if (rank == 0) {
@@ -228,9 +239,12 @@ struct ConsumerSim::State {
       workers[rank]->start_load_caches(
           meta,
           [&cache](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
-            auto& slot = cache[load.mm_hash];
-            slot.resize(load.spec.nbytes());
-            return worker::LoadDestination{slot.data(), false, 0};
+            pool::SlabOptions small_pages;
+            small_pages.huge_pages = false;
+            auto memory = pool::Slab::allocate(pool::MemoryKind::host, load.spec.nbytes(), small_pages);
+            if (!memory) return memory.status();
+            const auto entry = cache.insert_or_assign(load.mm_hash, std::move(*memory)).first;
+            return worker::LoadDestination{entry->second.data(), false, 0};
           },
           [&cache](const std::string& h) { return cache.count(h) > 0; });
       if (auto m = workers[rank]->build_worker_meta()) merged = merged ? merged->aggregate(*m) : *m;
@@ -249,6 +263,15 @@ struct ConsumerSim::State {
     }
   }
 
+  // Pages the simulated encoder caches map, all ranks.
+  std::uint64_t cache_bytes() const {
+    std::uint64_t total = 0;
+    for (const auto& cache : caches) {
+      for (const auto& [hash, memory] : cache) total += (memory.size() + page_bytes - 1) / page_bytes * page_bytes;
+    }
+    return total;
+  }
+
   Progress snapshot(TimePoint started) {
     Progress p = result.progress;
     p.requests_total = expected;
@@ -263,9 +286,7 @@ struct ConsumerSim::State {
         p.tombstone_bound += options.config.tombstone_max;
       }
     }
-    if (!caches.empty()) {
-      for (const auto& [hash, bytes] : caches[0]) p.encoder_cache_bytes += bytes.size();
-    }
+    p.encoder_cache_bytes = cache_bytes();
     p.elapsed_s = duration_to_seconds(options.clock->now() - started);
     return p;
   }

@@ -38,7 +38,7 @@ struct Progress {
   std::uint64_t resident_bytes = 0;       // of pool_used_bytes: landed copies kept for reuse
   std::uint64_t tombstones = 0;           // terminal records the reservation managers keep
   std::uint64_t tombstone_bound = 0;      // their cap (tombstone_max per shard), all shards
-  std::uint64_t encoder_cache_bytes = 0;  // the simulated engine's encoder cache, rank 0
+  std::uint64_t encoder_cache_bytes = 0;  // the simulated engine's encoder caches, all ranks (pages mapped)
   double elapsed_s = 0;
 };
 
