@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -119,11 +120,28 @@ Status write_json_file(const std::string& path, const nlohmann::json& series) {
   return Status::ok();
 }
 
+namespace {
+// A gnuplot single-quoted string: a quote inside is written twice.
+std::string gnuplot_string(std::string_view text) {
+  std::string out = "'";
+  for (const char c : text) {
+    out += c;
+    if (c == '\'') out += '\'';
+  }
+  return out + "'";
+}
+}  // namespace
+
 Status write_plot(const PlotSpec& spec) {
   std::error_code error;
   const auto dir = std::filesystem::temp_directory_path(error) / fmt::format("ecx-plot-{}", ::getpid());
   if (error || !std::filesystem::create_directories(dir, error)) {
     return unavailable(fmt::format("cannot create a scratch folder for the plot: {}", error.message()));
+  }
+  // The script's path goes through the shell in single quotes.
+  if (dir.string().find('\'') != std::string::npos) {
+    std::filesystem::remove_all(dir, error);
+    return invalid_argument(fmt::format("the temp folder {} has a quote in its name", dir.string()));
   }
   std::string plot_lines;
   for (std::size_t i = 0; i < spec.lines.size(); ++i) {
@@ -133,17 +151,19 @@ Status write_plot(const PlotSpec& spec) {
     std::ofstream out(data);
     for (const auto& [x, y] : line.points) out << fmt::format("{} {}\n", x, y);
     if (!plot_lines.empty()) plot_lines += ", ";
-    plot_lines += fmt::format("'{}' using 1:2 axes {} with linespoints title '{}'", data.string(),
-                              line.right_axis ? "x1y2" : "x1y1", line.title);
+    plot_lines += fmt::format("{} using 1:2 axes {} with linespoints title {}", gnuplot_string(data.string()),
+                              line.right_axis ? "x1y2" : "x1y1", gnuplot_string(line.title));
   }
   {
     std::ofstream script(dir / "plot.gp");
     script << "set terminal pngcairo size 1000,600 noenhanced\n"
-           << "set output '" << spec.png << "'\n"
-           << "set title '" << spec.title << "'\n"
-           << "set xlabel '" << spec.x_label << "'\nset ylabel '" << spec.y_label << "'\nset yrange [0:*]\n";
+           << "set output " << gnuplot_string(spec.png) << "\n"
+           << "set title " << gnuplot_string(spec.title) << "\n"
+           << "set xlabel " << gnuplot_string(spec.x_label) << "\nset ylabel " << gnuplot_string(spec.y_label)
+           << "\nset yrange [0:*]\n";
     if (spec.log_x) script << (spec.x_bytes ? "set logscale x 2\nset format x '%.0b %BB'\n" : "set logscale x 10\n");
-    if (!spec.y2_label.empty()) script << "set y2label '" << spec.y2_label << "'\nset y2tics\nset y2range [0:*]\n";
+    if (!spec.y2_label.empty())
+      script << "set y2label " << gnuplot_string(spec.y2_label) << "\nset y2tics\nset y2range [0:*]\n";
     script << "set key top left\nset grid\nplot " << plot_lines << "\n";
   }
   const std::string command = fmt::format("gnuplot '{}' 2>&1", (dir / "plot.gp").string());

@@ -563,37 +563,22 @@ nlohmann::json to_json(const Series& s) {
   return j;
 }
 
-Status write_plot(const std::string& png, const std::vector<Series>& all) {
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ecx-bench-plot-{}", ::getpid());
-  std::filesystem::create_directories(dir);
-  std::string plot_lines;
+Status plot_series(const std::string& png, const std::vector<Series>& all) {
+  PlotSpec spec;
+  spec.png = png;
+  spec.title = fmt::format("ecx bench transport ({})", all.empty() ? "" : all.front().transport);
+  spec.x_label = "message size";
+  spec.y_label = "GB/s (10^9 bytes/s)";
+  spec.log_x = true;
+  spec.x_bytes = true;
   for (const std::string name : {"ecx", "ecx_mooncake", "ucx_perftest_am_bw", "memcpy"}) {
-    std::ofstream data(dir / (name + ".dat"));
-    bool any = false;
+    PlotLine line{name, {}, false};
     for (const auto& s : all) {
-      if (s.name == name) {
-        data << s.size << " " << s.gbps << "\n";
-        any = true;
-      }
+      if (s.name == name) line.points.emplace_back(static_cast<double>(s.size), s.gbps);
     }
-    if (!any) continue;
-    if (!plot_lines.empty()) plot_lines += ", ";
-    plot_lines += fmt::format("'{}' using 1:2 with linespoints title '{}'", (dir / (name + ".dat")).string(), name);
+    spec.lines.push_back(std::move(line));
   }
-  {
-    std::ofstream script(dir / "plot.gp");
-    script << "set terminal pngcairo size 1000,600 noenhanced\n"
-           << "set output '" << png << "'\n"
-           << "set title 'ecx bench transport (" << (all.empty() ? "" : all.front().transport) << ")'\n"
-           << "set logscale x 2\nset format x '%.0b %BB'\nset xlabel 'message size'\n"
-           << "set ylabel 'GB/s (10^9 bytes/s)'\nset yrange [0:*]\n"
-           << "set key top left\nset grid\nplot " << plot_lines << "\n";
-  }
-  const std::string command = fmt::format("gnuplot '{}'", (dir / "plot.gp").string());
-  const int rc = std::system(command.c_str());
-  std::filesystem::remove_all(dir);
-  if (rc != 0) return unavailable("gnuplot failed (install gnuplot-nox)");
-  return Status::ok();
+  return write_plot(spec);
 }
 
 int run_bench(const BenchOptions& options) {
@@ -728,7 +713,7 @@ int run_bench(const BenchOptions& options) {
     }
   }
   if (!options.plot_file.empty()) {
-    if (auto st = write_plot(options.plot_file, all); !st) {
+    if (auto st = plot_series(options.plot_file, all); !st) {
       std::cerr << "ecx bench transport: " << st.message() << "\n";
       return 1;
     }
