@@ -320,7 +320,10 @@ void SchedulerCoordinator::mark_request_unavailable(std::string_view request_id)
 void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_view own_transfer_id) {
   // A resident copy is shared by design (its request finished); an invented name
   // belongs to no other request.
-  if (used.transfer_id() == own_transfer_id || used.invented_name() || (used.spec() && used.spec()->local)) return;
+  if (used.transfer_id() == own_transfer_id || used.invented_name() || (used.spec() && used.spec()->local) ||
+      released_own_.contains(used.transfer_id())) {
+    return;
+  }
   if (auto substitute = substitute_for_lender_.find(own_transfer_id);
       substitute != substitute_for_lender_.end() && substitute->second.transfer_id == used.transfer_id()) {
     forget_substitute(own_transfer_id);  // the lender now uses what it was owed
@@ -338,6 +341,18 @@ void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_v
     forget_substitute(substitute_order_.front());
     substitute_order_.pop_front();
   }
+}
+
+void SchedulerCoordinator::count_on_copy(const std::string& request_id, const std::string& mm_hash) {
+  auto& hashes = copies_counted_on_[request_id];
+  if (std::find(hashes.begin(), hashes.end(), mm_hash) != hashes.end()) return;
+  hashes.push_back(mm_hash);
+  ++copy_counts_[mm_hash];
+}
+
+void SchedulerCoordinator::stop_counting_on_copy(const std::string& mm_hash) {
+  auto it = copy_counts_.find(mm_hash);
+  if (it != copy_counts_.end() && --it->second == 0) copy_counts_.erase(it);
 }
 
 void SchedulerCoordinator::forget_substitute(std::string_view lender_id) {
@@ -472,9 +487,11 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     if (const TransferRecord* ready = table_.oldest_in_state(mm_hash, TransferState::ready)) {
       // Another request's load serves this one too; its own transfer is owed to that request.
       if (transfer_id) note_borrow(*ready, *transfer_id);
+      count_on_copy(request.request_id, mm_hash);
       continue;
     }
     if (table_.has_state(mm_hash, {TransferState::loading})) {
+      count_on_copy(request.request_id, mm_hash);
       all_ready = false;
       continue;
     }
@@ -482,7 +499,7 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
             table_.begin_load(mm_hash, transfer_id, request.request_id, now, now + options_.push_wait_timeout)) {
       if (transfer_id) note_borrow(*used, *transfer_id);
       pending_work_ = true;
-      owned_loads_[request.request_id].push_back(mm_hash);
+      count_on_copy(request.request_id, mm_hash);
       all_ready = false;
       continue;
     }
@@ -508,9 +525,9 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
   const MmFeature& feature = request.mm_features[index];
   local_cache_.insert(feature.identifier);
   if (options_.is_consumer) allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
-  if (auto it = owned_loads_.find(request.request_id); it != owned_loads_.end()) {
-    std::erase(it->second, feature.identifier);
-    if (it->second.empty()) owned_loads_.erase(it);
+  if (auto it = copies_counted_on_.find(request.request_id); it != copies_counted_on_.end()) {
+    if (std::erase(it->second, feature.identifier) != 0) stop_counting_on_copy(feature.identifier);
+    if (it->second.empty()) copies_counted_on_.erase(it);
   }
   if (!options_.is_producer || request.has_malformed_params()) return;
   prepare_push(request, index);
@@ -533,35 +550,54 @@ void SchedulerCoordinator::update_state_after_free(const RequestView& request, s
   // Release now rather than at request end: a buffer held for the whole
   // generation pins a pool slot long after the embedding was used.
   const TimePoint now = clock_->now();
-  if (auto lender = lender_of_substitute_.find(*transfer_id); lender != lender_of_substitute_.end()) {
-    // Owed to the request whose delivery this one used: cancelled once both are done.
-    const std::string lender_id = lender->second;
-    finish_substitute_side(lender_id, /*lender=*/false, now, feature.identifier);
-    return;
+  release_own_transfer(std::string(*transfer_id), now, feature.identifier, request.request_id);
+}
+
+void SchedulerCoordinator::release_own_transfer(const std::string& transfer_id, TimePoint now, std::string_view mm_hash,
+                                                std::string_view request_id) {
+  if (released_own_.insert(transfer_id).second) {
+    released_own_order_.push_back(transfer_id);
+    while (released_own_order_.size() > options_.max_notified_remembered) {
+      released_own_.erase(released_own_order_.front());
+      released_own_order_.pop_front();
+    }
   }
-  queue_cancel(*transfer_id, now, feature.identifier, request.request_id);
-  finish_substitute_side(*transfer_id, /*lender=*/true, now, feature.identifier);
+  // A transfer can be both: owed to the request whose delivery this one used (kept
+  // until both are done), and the lender of its own substitute (owed to this request).
+  if (auto lender = lender_of_substitute_.find(transfer_id); lender != lender_of_substitute_.end()) {
+    const std::string lender_id = lender->second;
+    finish_substitute_side(lender_id, /*lender=*/false, now, mm_hash);
+  } else {
+    queue_cancel(transfer_id, now, mm_hash, request_id);
+  }
+  finish_substitute_side(transfer_id, /*lender=*/true, now, mm_hash);
 }
 
 ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
   const TimePoint now = clock_->now();
   ConnectorMeta meta;
-  // Evicted and allocated again in this step, with ECX's copy in the workers'
-  // caches: the engine counts on that copy, but drops evicted entries at the start
-  // of the step. The workers put back what they loaded; the record stays READY.
+  // ECX's copy in the workers' caches stays (the workers put back what they loaded;
+  // the record stays READY) when the engine frees an entry that is still counted on:
+  // - evicted and allocated again in this step: the engine drops evicted entries at
+  //   the start of the step, before the connector loads;
+  // - loaded for requests that have not run yet, freed because another request that
+  //   used the same copy finished: it may be a waiting request's only copy (its own
+  //   transfer may be the one that was loaded, and the pool's resident copy can be
+  //   reclaimed before it runs).
   // (An entry the engine encoded itself is encoded again and needs nothing.)
   for (const auto& h : step.free_encoder_mm_hashes) {
-    if (allocated_this_step_.contains(h) && table_.has_state(h, {TransferState::ready})) {
+    const bool allocated = allocated_this_step_.contains(h);
+    if (!allocated) local_cache_.erase(h);
+    if ((allocated || copy_counts_.contains(h)) && table_.has_state(h, {TransferState::ready})) {
       if (std::find(meta.retained.begin(), meta.retained.end(), h) == meta.retained.end()) meta.retained.push_back(h);
       continue;
     }
-    if (!allocated_this_step_.contains(h)) local_cache_.erase(h);
     table_.release_ready(h, now);
     meta.freed.push_back(h);
   }
   allocated_this_step_.clear();
   for (auto& h : extra_freed_) {
-    if (local_cache_.contains(h)) continue;
+    if (local_cache_.contains(h) || copy_counts_.contains(h)) continue;
     table_.release_ready(h, now);
     meta.freed.push_back(std::move(h));
   }
@@ -621,13 +657,7 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
         continue;
       }
       handled.push_back(*transfer_id);
-      if (auto lender = lender_of_substitute_.find(*transfer_id); lender != lender_of_substitute_.end()) {
-        const std::string lender_id = lender->second;
-        finish_substitute_side(lender_id, /*lender=*/false, now, feature.identifier);
-        continue;
-      }
-      queue_cancel(*transfer_id, now, feature.identifier, request.request_id);
-      finish_substitute_side(*transfer_id, /*lender=*/true, now, feature.identifier);
+      release_own_transfer(std::string(*transfer_id), now, feature.identifier, request.request_id);
     }
     // Bindings that match no feature still name a reservation some shard may hold.
     if (params) {
@@ -638,18 +668,20 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
         queue_cancel(*item.transfer_id, now, item.mm_hash.value_or(std::string()), request.request_id);
       }
     }
-    // Loads started for this request that it never allocated would otherwise stay
-    // in the workers' encoder caches for good.
-    if (auto it = owned_loads_.find(request.request_id); it != owned_loads_.end()) {
+    // Copies this request counted on but never allocated would otherwise stay in the
+    // workers' encoder caches for good, unless the engine or another waiting request
+    // holds on to them.
+    if (auto it = copies_counted_on_.find(request.request_id); it != copies_counted_on_.end()) {
       for (auto& h : it->second) {
-        if (local_cache_.contains(h)) continue;
+        stop_counting_on_copy(h);
+        if (local_cache_.contains(h) || copy_counts_.contains(h)) continue;
         if (table_.has_state(h, {TransferState::ready})) {
           extra_freed_.push_back(h);
         } else if (table_.has_state(h, {TransferState::loading})) {
           unowned_loads_.insert(h);
         }
       }
-      owned_loads_.erase(it);
+      copies_counted_on_.erase(it);
     }
     table_.forget_pending_request(request.request_id);
   }

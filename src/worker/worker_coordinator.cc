@@ -89,6 +89,9 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
   auto log = ecx::log::get("worker");
   for (const auto& load : meta.loads) {
     if (present && present(load.mm_hash)) {
+      // Nothing to copy, but the transfer is consumed like any load: its record would
+      // otherwise stay READY on the shard (holding its slot) until its lease ran out.
+      if (auto lease = take(load)) lease->release();
       step_.loaded.insert(load.mm_hash);
       report.loaded.push_back(load.mm_hash);
       continue;

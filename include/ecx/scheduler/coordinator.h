@@ -152,7 +152,13 @@ class SchedulerCoordinator {
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);
   void note_borrow(const TransferRecord& used, std::string_view own_transfer_id);
+  void count_on_copy(const std::string& request_id, const std::string& mm_hash);
+  void stop_counting_on_copy(const std::string& mm_hash);
   void forget_substitute(std::string_view lender_id);
+  // The request that named `transfer_id` is done with it: cancel it, or settle the
+  // substitute roles it has.
+  void release_own_transfer(const std::string& transfer_id, TimePoint now, std::string_view mm_hash,
+                            std::string_view request_id);
   // One side of a substitute finished: the second to finish cancels it.
   void finish_substitute_side(std::string_view lender_id, bool lender, TimePoint now, std::string_view mm_hash);
   Result<TensorSpec> output_spec(const MmFeature& feature) const;
@@ -182,8 +188,11 @@ class SchedulerCoordinator {
 
   // Mirror of the engine's encoder cache (alloc adds, free_encoder_mm_hashes removes).
   StringSet local_cache_;
-  // Loads started on behalf of a request that has not allocated them yet.
-  StringMap<std::vector<std::string>> owned_loads_;
+  // Copies in the workers' caches (loading or loaded) that a request counted on at
+  // its gate and has not allocated yet: it started the load, or found another
+  // request's. request id -> hashes, and hash -> how many requests count on it.
+  StringMap<std::vector<std::string>> copies_counted_on_;
+  StringMap<std::size_t> copy_counts_;
   // Hashes the engine allocated since the last step boundary, with the request that
   // allocated each: one the engine also evicted in this step must be loaded again,
   // because the workers drop evicted entries before they load.
@@ -206,6 +215,10 @@ class SchedulerCoordinator {
   StringMap<Substitute> substitute_for_lender_;
   StringMap<std::string> lender_of_substitute_;
   std::deque<std::string> substitute_order_;
+  // Transfers whose naming request is done with them (bounded, oldest forgotten): a
+  // request served by one of these owes nothing to a request that has finished.
+  StringSet released_own_;
+  std::deque<std::string> released_own_order_;
 
   // Producer: planned pushes of this step, bindings planned so far, and which
   // request planned which binding.

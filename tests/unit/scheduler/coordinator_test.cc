@@ -418,14 +418,16 @@ TEST(CoordinatorConsumer, ARequestThatUsedAnotherRequestsDeliveryLeavesItsOwnToT
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
 }
 
-// The same, when B uses the copy A's own load already brought into the workers'
-// caches (no load of its own), and that copy is gone before A runs.
-TEST(CoordinatorConsumer, ARequestServedByAnotherRequestsLoadLeavesItsOwnTransferToThatRequest) {
+// B uses the copy A's own load brought into the workers' caches (no load of its
+// own), runs and finishes first, so the engine frees the entry while A still waits
+// for another item. The copy is A's: the workers keep it (retained) even when the
+// pool's resident copy is reclaimed, and A is served from it.
+TEST(CoordinatorConsumer, ACopyLoadedForAWaitingRequestIsRetainedWhenAnotherRequestsUseOfItEnds) {
   Harness h;
   auto a = request("ra", {"h", "other"}, {"ta", "t-other"});
   auto b = request("rb", {"h"}, {"tb"});
   h.events->ready("ta", "h");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // loads ta; "other" never arrives yet
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // loads ta; "other" has not arrived
   EXPECT_EQ(h.step().loads.size(), 1u);
   h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
   ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));  // served by A's load
@@ -433,13 +435,106 @@ TEST(CoordinatorConsumer, ARequestServedByAnotherRequestsLoadLeavesItsOwnTransfe
   h.coordinator.update_state_after_free(b, 0);
   h.coordinator.request_finished(b);
   h.step();
-  h.step(StepView{{"h"}, {}});                                                    // B's use ends: evicted
-  h.coordinator.update_connector_output(WorkerOutput{{}, {}, {"h"}, false, {}});  // and the copy reclaimed
+  auto meta = h.step(StepView{{"h"}, {}});  // B's use ends: the engine frees h
+  EXPECT_EQ(meta.retained, std::vector<std::string>{"h"});
+  EXPECT_TRUE(meta.freed.empty());
+  EXPECT_EQ(state_of(h.coordinator, "ta"), S::ready);
+  h.coordinator.update_connector_output(WorkerOutput{{}, {}, {"h"}, false, {}});  // the pool's copy reclaimed
   h.step();
-  EXPECT_EQ(h.coordinator.table().find("tb"), nullptr);  // tb was not cancelled
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
-  EXPECT_EQ(state_of(h.coordinator, "tb"), S::waiting_event);  // A waits for B's push
+  h.events->ready("t-other", "other");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // loads "other"; h is still in the workers
+  meta = h.step();
+  ASSERT_EQ(meta.loads.size(), 1u);
+  EXPECT_EQ(meta.loads[0].mm_hash, "other");
+  h.coordinator.update_connector_output(WorkerOutput{{"other"}, {}, {}, false, {}});
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(a, 0));
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+  // A runs and finishes: from then on a free of h releases it as usual.
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.coordinator.update_state_after_alloc(a, 1);
+  h.coordinator.request_finished(a);
+  h.step();
+  meta = h.step(StepView{{"h", "other"}, {}});
+  EXPECT_TRUE(meta.retained.empty());
+  EXPECT_EQ(meta.freed, (std::vector<std::string>{"h", "other"}));
+}
+
+// The same when the waiting request only found the copy (another request loaded it,
+// ran and finished): a copy two waiting requests count on stays until both let go.
+TEST(CoordinatorConsumer, ACopyAWaitingRequestFoundLoadedIsRetainedWhenTheLoadersUseEnds) {
+  Harness h;
+  auto a = request("ra", {"h"}, {"ta"});
+  auto b = request("rb", {"h", "other"}, {"tb", "t-other"});
+  auto c = request("rc", {"h", "other2"}, {"tc", "t-other2"});
+  h.events->ready("ta", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // A loads ta
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(b, 0));  // B finds it loading
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(c, 0));  // C finds it loaded
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.coordinator.request_finished(a);
+  h.step();
+  auto meta = h.step(StepView{{"h"}, {}});  // A's use ends
+  EXPECT_EQ(meta.retained, std::vector<std::string>{"h"});
+  h.coordinator.request_finished(b);  // B gives up; C still counts on the copy
+  EXPECT_TRUE(h.step().freed.empty());
+  h.events->ready("t-other2", "other2");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(c, 0));
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"other2"}, {}, {}, false, {}});
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(c, 0));
+  EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
+  h.coordinator.request_finished(c);  // C ends without running: nothing counts on h now
+  meta = h.step();
+  EXPECT_NE(std::find(meta.freed.begin(), meta.freed.end(), "h"), meta.freed.end());
+}
+
+// A request served by a copy whose own request has finished owes that request
+// nothing: its own transfer is cancelled when it finishes, not kept as a substitute.
+TEST(CoordinatorConsumer, ARequestServedByTheCopyOfAFinishedRequestOwesItNothing) {
+  Harness h;
+  auto a = request("ra", {"h"}, {"ta"});
+  auto c = request("rc", {"h", "other"}, {"", "t-other"});  // names no transfer for h: owes nothing
+  auto b = request("rb", {"h"}, {"tb"});
+  h.events->ready("ta", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // A loads ta
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(c, 0));  // C counts on A's copy
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.coordinator.request_finished(a);
+  h.step();
+  EXPECT_EQ(h.step(StepView{{"h"}, {}}).retained, std::vector<std::string>{"h"});  // kept for C
+  h.events->ready("tb", "h");
+  h.step();
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));  // served by ta's copy
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.request_finished(b);
+  EXPECT_EQ(state_of(h.coordinator, "tb"), S::cancelled);
+}
+
+// A request that counted on a copy it loaded, and finishes without running, lets the
+// retained copy go.
+TEST(CoordinatorConsumer, ARetainedCopyIsFreedWhenTheRequestThatLoadedItFinishesWithoutRunning) {
+  Harness h;
+  auto a = request("ra", {"h", "other"}, {"ta", "t-other"});
+  auto b = request("rb", {"h"}, {"tb"});
+  h.events->ready("ta", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.request_finished(b);
+  h.step();
+  EXPECT_EQ(h.step(StepView{{"h"}, {}}).retained, std::vector<std::string>{"h"});
+  h.coordinator.request_finished(a);  // aborted while waiting for "other"
+  auto meta = h.step();
+  EXPECT_EQ(meta.freed, std::vector<std::string>{"h"});
+  EXPECT_TRUE(meta.retained.empty());
 }
 
 TEST(CoordinatorConsumer, ASubstituteIsCancelledOnceBothRequestsFinished) {

@@ -238,6 +238,9 @@ TEST(SchedulerLessons, Lesson19_RecordsExpiredOutOfReadyOrResidentCancelTheirRes
   auto b = request("rb", {"hb"}, {"tb"});
   load_item(h, a, "ta", "ha");
   load_item(h, b, "tb", "hb");
+  h.coordinator.update_state_after_alloc(a, 0);  // the engine frees only what it allocated
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.step();
   h.step(StepView{{"ha"}, {}});
   auto meta = h.step(StepView{{"hb"}, {}});  // hb resident evicts ha
   EXPECT_EQ(meta.orphan_cancels, std::vector<std::string>{"ta"});
@@ -279,6 +282,8 @@ TEST(SchedulerLessons, Lesson38_AReclaimOnAnyRankInvalidatesResidency) {
   Harness h;
   auto a = request("ra", {"h"}, {"ta"});
   load_item(h, a, "ta", "h");
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.step();
   h.step(StepView{{"h"}, {}});
   ASSERT_EQ(state_of(h.coordinator, "ta"), S::resident);
   h.coordinator.update_connector_output(WorkerOutput{{}, {}, {"h"}, false, {}});
