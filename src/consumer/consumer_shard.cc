@@ -373,7 +373,8 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
     counter("consumer_reserves_total", kReserve, "writer", r.reserved_writer);
     counter("consumer_reserves_total", kReserve, "follower", r.reserved_follower);
     counter("consumer_reserves_total", kReserve, "resident_hit", r.resident_hits);
-    counter("consumer_reserves_total", kReserve, "retry_after", r.retry_afters);
+    counter("consumer_reserves_total", kReserve, "retry_after", r.retry_afters - r.retry_afters_for_older);
+    counter("consumer_reserves_total", kReserve, "retry_after_for_older", r.retry_afters_for_older);
     counter("consumer_reserves_total", kReserve, "cancelled", r.reserve_cancelled);
     counter("consumer_reserves_total", kReserve, "refused", r.reserve_refused);
     constexpr std::string_view kLanding = "Payload landings by outcome";

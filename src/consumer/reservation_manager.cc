@@ -36,6 +36,7 @@ ReservationOptions ReservationOptions::from_config(const Config& config, std::by
   o.checksum = config.checksum;
   o.max_tensor_bytes = config.max_tensor_bytes;
   o.resident_capacity_bytes = config.resident_capacity_bytes;
+  o.starvation_after = config.push_wait_timeout() / 4;
   return o;
 }
 
@@ -103,6 +104,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   }
 
   ReserveOutcome reserve(const ReserveRequest& req);
+  ReserveOutcome reserve_locked(const ReserveRequest& req);
   CancelOutcome cancel(const CancelRequest& req);
   LandingResolution resolve_landing(std::string_view tid, const ReservationId& rid, std::uint64_t nbytes,
                                     std::uint64_t generation);
@@ -182,6 +184,19 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   std::uint64_t state_counts_[kReservationStateCount][2] = {};
   bool shutting_down_ = false;
   ReservationCounters counters_;
+
+  // Reserves the full pool turned away, by transfer id, oldest first (the order may
+  // hold ids since served; they are skipped). See ReservationOptions::starvation_after.
+  struct Waiter {
+    std::uint64_t nbytes = 0;
+    TimePoint first_refused;
+    TimePoint last_seen;
+  };
+  static constexpr std::size_t kMaxWaiters = 4'096;
+  std::unordered_map<std::string, Waiter> waiters_;
+  std::deque<std::string> waiter_order_;
+  void note_waiter(const std::string& tid, std::uint64_t nbytes, TimePoint t);
+  const Waiter* starving_waiter(TimePoint t, std::string_view asking);
 };
 
 // ---------------------------------------------------------------- bookkeeping
@@ -430,8 +445,46 @@ Record& ReservationCore::new_record(const ReserveRequest& req, bool writer, std:
 
 // ---------------------------------------------------------------- reserve
 
+void ReservationCore::note_waiter(const std::string& tid, std::uint64_t nbytes, TimePoint t) {
+  if (options_.starvation_after <= Duration::zero()) return;
+  if (auto it = waiters_.find(tid); it != waiters_.end()) {
+    it->second.last_seen = t;
+    return;
+  }
+  if (waiters_.size() >= kMaxWaiters) return;
+  waiters_.emplace(tid, Waiter{nbytes, t, t});
+  waiter_order_.push_back(tid);
+}
+
+// The oldest reserve still being retried, once it has waited starvation_after; not
+// `asking` itself. One that stopped retrying (its producer gave up or died) is dropped.
+const ReservationCore::Waiter* ReservationCore::starving_waiter(TimePoint t, std::string_view asking) {
+  if (options_.starvation_after <= Duration::zero()) return nullptr;
+  const Duration gone_after = std::max<Duration>(std::chrono::seconds(1), options_.retry_after * 20);
+  while (!waiter_order_.empty()) {
+    auto it = waiters_.find(waiter_order_.front());
+    if (it == waiters_.end()) {
+      waiter_order_.pop_front();  // served since
+    } else if (t - it->second.last_seen > gone_after) {
+      waiters_.erase(it);
+      waiter_order_.pop_front();
+    } else {
+      if (it->first == asking || t - it->second.first_refused < options_.starvation_after) return nullptr;
+      return &it->second;
+    }
+  }
+  return nullptr;
+}
+
 ReserveOutcome ReservationCore::reserve(const ReserveRequest& req) {
   std::lock_guard lock(mu_);
+  ReserveOutcome result = reserve_locked(req);
+  // Served (or refused for good) one way or another: no longer waiting for space.
+  if (!waiters_.empty() && !std::holds_alternative<outcome::RetryAfter>(result)) waiters_.erase(req.transfer_id);
+  return result;
+}
+
+ReserveOutcome ReservationCore::reserve_locked(const ReserveRequest& req) {
   expire_locked();
   auto refuse = [this](Status st) {
     ++counters_.reserve_refused;
@@ -514,6 +567,15 @@ ReserveOutcome ReservationCore::reserve(const ReserveRequest& req) {
     return outcome::Reserved{r.reservation_id, r.generation, e.slot.offset, nbytes, false};
   }
 
+  const TimePoint t = now();
+  if (const Waiter* older = starving_waiter(t, req.transfer_id);
+      older != nullptr && allocator_.stats().largest_free_block < older->nbytes + nbytes) {
+    // What frees up goes to the reserve that has waited longest.
+    ++counters_.retry_afters;
+    ++counters_.retry_afters_for_older;
+    note_waiter(req.transfer_id, nbytes, t);
+    return outcome::RetryAfter{options_.retry_after};
+  }
   Result<pool::Slot> slot = allocator_.allocate(nbytes);
   while (!slot.is_ok() && slot.status().code() == StatusCode::resource_exhausted && evict_one_resident()) {
     slot = allocator_.allocate(nbytes);
@@ -521,6 +583,7 @@ ReserveOutcome ReservationCore::reserve(const ReserveRequest& req) {
   if (!slot.is_ok()) {
     if (slot.status().code() == StatusCode::resource_exhausted) {
       ++counters_.retry_afters;
+      note_waiter(req.transfer_id, nbytes, t);
       return outcome::RetryAfter{options_.retry_after};
     }
     return refuse(slot.status());

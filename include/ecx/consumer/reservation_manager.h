@@ -39,9 +39,14 @@ struct ReservationOptions {
   bool checksum = false;                      // verify xxHash64 of every landed payload
   std::uint64_t max_tensor_bytes = 0;         // 0 = slab size
   std::uint64_t resident_capacity_bytes = 0;  // 0 = slab size
+  // A reserve the full pool has turned away for this long gets the next space: newer
+  // reserves that would take it are told to retry (0 = first come, first served).
+  // Without it a large tensor can starve while smaller ones keep taking what frees up.
+  Duration starvation_after = std::chrono::seconds(15);
 
   // From the config: ttl, tombstone_max, event_queue_max, retry_after_ms, checksum,
-  // pool_alignment, max_tensor_bytes, resident_capacity_bytes; the mode from
+  // pool_alignment, max_tensor_bytes, resident_capacity_bytes, starvation_after (a
+  // quarter of push_wait_timeout_s, how long a producer keeps retrying); the mode from
   // transport/ucx_mode (ucx+am = receiver_chosen, anything else = one_sided).
   static ReservationOptions from_config(const Config& config, std::byte* slab_base, std::uint64_t slab_size);
 };

@@ -174,6 +174,7 @@ struct ReservationCounters {
   std::uint64_t ready_repeat = 0;     // re-reserve of an already READY record
   std::uint64_t reserve_cancelled = 0;
   std::uint64_t retry_afters = 0;
+  std::uint64_t retry_afters_for_older = 0;  // of retry_afters: space held back for a starving reserve
   std::uint64_t reserve_refused = 0;
   // cancels
   std::uint64_t cancels_accepted = 0;

@@ -149,6 +149,54 @@ TEST(Reserve, FullPoolAnswersRetryAfterInsteadOfFailing) {
   h.expect_invariants();
 }
 
+// A large reserve the full pool keeps turning away must not starve while smaller
+// ones take every block that frees up: past starvation_after, what frees up is held
+// for it.
+TEST(Reserve, AReserveRefusedForLongGetsTheNextSpaceBeforeNewerOnes) {
+  Harness h(4096);
+  for (const char* id : {"a", "b", "c", "d"}) h.reserve_writer(id, std::string("h") + id, 1024);
+  // The producer retries w every half second (a real one, every retry_after).
+  auto keep_retrying_w = [&](Duration for_how_long) {
+    for (Duration waited{}; waited < for_how_long; waited += 500ms) {
+      h.clock->advance(500ms);
+      EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("w", "hw", 2048))));
+    }
+  };
+  EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("w", "hw", 2048))));
+  keep_retrying_w(10s);
+  ASSERT_EQ(h.manager->cancel({"a", {}, false, false}), CancelOutcome::cancelled);
+  // Not waited long enough yet: first come, first served.
+  EXPECT_TRUE(std::holds_alternative<outcome::Reserved>(h.manager->reserve(request("n1", "hn1", 1024))));
+  EXPECT_EQ(h.manager->counters().retry_afters_for_older, 0u);
+  keep_retrying_w(5500ms);  // w has now waited 15.5 s
+  ASSERT_EQ(h.manager->cancel({"n1", {}, false, false}), CancelOutcome::cancelled);
+  EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("n2", "hn2", 1024))));
+  EXPECT_EQ(h.manager->counters().retry_afters_for_older, 1u);
+  ASSERT_EQ(h.manager->cancel({"b", {}, false, false}), CancelOutcome::cancelled);
+  EXPECT_TRUE(std::holds_alternative<outcome::Reserved>(h.manager->reserve(request("w", "hw", 2048))));
+  // Served: the newer reserve waits only for space now.
+  EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("n2", "hn2", 1024))));
+  EXPECT_EQ(h.manager->counters().retry_afters_for_older, 1u);
+  ASSERT_EQ(h.manager->cancel({"c", {}, false, false}), CancelOutcome::cancelled);
+  EXPECT_TRUE(std::holds_alternative<outcome::Reserved>(h.manager->reserve(request("n2", "hn2", 1024))));
+  h.expect_invariants();
+}
+
+TEST(Reserve, AStarvingReserveThatStopsRetryingHoldsNothingBack) {
+  Harness h(4096);
+  for (const char* id : {"a", "b", "c", "d"}) h.reserve_writer(id, std::string("h") + id, 1024);
+  EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("w", "hw", 2048))));
+  for (int i = 0; i < 32; ++i) {
+    h.clock->advance(500ms);
+    EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("w", "hw", 2048))));
+  }
+  ASSERT_EQ(h.manager->cancel({"a", {}, false, false}), CancelOutcome::cancelled);
+  EXPECT_TRUE(std::holds_alternative<outcome::RetryAfter>(h.manager->reserve(request("n", "hn", 1024))));
+  h.clock->advance(2s);  // w's producer gave up
+  EXPECT_TRUE(std::holds_alternative<outcome::Reserved>(h.manager->reserve(request("n", "hn", 1024))));
+  h.expect_invariants();
+}
+
 // Lessons 29 and 38: reclaiming residents under pressure frees bytes at once and is
 // reported, so the scheduler drops its residency for that hash.
 TEST(Reserve, ReclaimsIdleResidentsBeforeAskingToRetry) {
