@@ -164,7 +164,7 @@ Status write_plot(const PlotSpec& spec) {
     if (spec.log_x) script << (spec.x_bytes ? "set logscale x 2\nset format x '%.0b %BB'\n" : "set logscale x 10\n");
     if (!spec.y2_label.empty())
       script << "set y2label " << gnuplot_string(spec.y2_label) << "\nset y2tics\nset y2range [0:*]\n";
-    script << "set key top left\nset grid\nplot " << plot_lines << "\n";
+    script << "set key below\nset grid\nplot " << plot_lines << "\n";
   }
   const std::string command = fmt::format("gnuplot '{}' 2>&1", (dir / "plot.gp").string());
   const int rc = plot_lines.empty() ? 1 : std::system(command.c_str());

@@ -20,6 +20,7 @@ Result<pool::Slab> allocate_receive_pool(const Config& config) {
   pool::SlabOptions options;
   options.huge_pages = config.huge_pages;
   options.lock = config.mlock;
+  options.prefault = config.prefault;
   if (config.buffer_device == "cpu") {
     options.register_with_cuda = false;
     return pool::Slab::allocate(pool::MemoryKind::host, config.buffer_size, options);

@@ -355,6 +355,10 @@ const std::vector<KeySpec>& key_table() {
     extra("huge_pages", "boolean", "true", "Back host pools with transparent huge pages when the kernel offers them.",
           set_bool(&Config::huge_pages));
     extra("mlock", "boolean", "false", "Lock host pools into RAM (needs RLIMIT_MEMLOCK).", set_bool(&Config::mlock));
+    extra("prefault", "boolean", "false",
+          "Touch every page of the host pools at start: no page faults on first use, and the resident size does not "
+          "grow as the pool is first used.",
+          set_bool(&Config::prefault));
     return t;
   }();
   return table;

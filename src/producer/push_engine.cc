@@ -605,6 +605,7 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   pool::SlabOptions slab_options;
   slab_options.huge_pages = config.huge_pages;
   slab_options.lock = config.mlock;
+  slab_options.prefault = config.prefault;
   const auto kind = config.buffer_device == "cpu" ? pool::MemoryKind::host : pool::MemoryKind::cuda_pinned;
   auto slab = pool::Slab::allocate(kind, config.buffer_size, slab_options);
   if (!slab) return Status(slab.status().code(), "staging pool: " + slab.status().message());

@@ -65,6 +65,7 @@ struct Config {
   std::string log_level = "info";
   bool huge_pages = true;
   bool mlock = false;
+  bool prefault = false;
 
   bool is_producer() const noexcept { return role != Role::consumer; }
   bool is_consumer() const noexcept { return role != Role::producer; }
