@@ -426,10 +426,7 @@ TEST(CoordinatorConsumer, ACopyLoadedForAWaitingRequestIsRetainedWhenAnotherRequ
   Harness h;
   auto a = request("ra", {"h", "other"}, {"ta", "t-other"});
   auto b = request("rb", {"h"}, {"tb"});
-  h.events->ready("ta", "h");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // loads ta; "other" has not arrived
-  EXPECT_EQ(h.step().loads.size(), 1u);
-  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  h.land_and_load(a, "ta", "h");                            // "other" has not arrived
   ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));  // served by A's load
   h.coordinator.update_state_after_alloc(b, 0);
   h.coordinator.update_state_after_free(b, 0);
@@ -498,10 +495,7 @@ TEST(CoordinatorConsumer, ARequestServedByTheCopyOfAFinishedRequestOwesItNothing
   auto a = request("ra", {"h"}, {"ta"});
   auto c = request("rc", {"h", "other"}, {"", "t-other"});  // names no transfer for h: owes nothing
   auto b = request("rb", {"h"}, {"tb"});
-  h.events->ready("ta", "h");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // A loads ta
-  h.step();
-  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  h.land_and_load(a, "ta", "h");                             // A loads ta
   EXPECT_FALSE(h.coordinator.ensure_cache_available(c, 0));  // C counts on A's copy
   ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
   h.coordinator.update_state_after_alloc(a, 0);
@@ -522,10 +516,7 @@ TEST(CoordinatorConsumer, ARetainedCopyIsFreedWhenTheRequestThatLoadedItFinishes
   Harness h;
   auto a = request("ra", {"h", "other"}, {"ta", "t-other"});
   auto b = request("rb", {"h"}, {"tb"});
-  h.events->ready("ta", "h");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));
-  h.step();
-  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});
+  h.land_and_load(a, "ta", "h");
   ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));
   h.coordinator.update_state_after_alloc(b, 0);
   h.coordinator.request_finished(b);

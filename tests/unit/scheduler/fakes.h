@@ -214,6 +214,14 @@ struct Harness {
   // One engine step boundary: build the metadata (re-arms draining).
   ConnectorMeta step(StepView view = {}) { return coordinator.build_connector_meta(view); }
   void advance(Duration d) { clock->advance(d); }
+  // `transfer_id` lands, the request's gate starts its load, and the workers report
+  // it loaded (the request has not run yet: the gate said no).
+  void land_and_load(const RequestView& r, const std::string& transfer_id, const std::string& hash) {
+    events->ready(transfer_id, hash);
+    EXPECT_FALSE(coordinator.ensure_cache_available(r, 0));
+    step();
+    coordinator.update_connector_output(WorkerOutput{{hash}, {}, {}, false, {}});
+  }
   // Waits for the executor to finish `n` cancel RPCs, then polls their outcome.
   void settle_cancels(std::size_t n) {
     EXPECT_TRUE(control->wait_cancels(n));
