@@ -100,6 +100,7 @@ PushOptions PushOptions::from_config(const Config& config) {
   PushOptions o;
   o.push_deadline = config.push_wait_timeout();
   o.refresh_after = config.reservation_ttl() / 2;
+  o.terminal_ttl = config.reservation_ttl();
   return o;
 }
 
@@ -197,7 +198,11 @@ class PushCore {
   std::unordered_map<SourceId, std::uint64_t> source_refs_;
   TimeIndex deadlines_;  // waiting_inputs pushes
   TimeIndex retries_;    // shards in retry_wait, keyed by retry_key
-  std::deque<std::string> terminal_order_;
+  struct Terminal {
+    std::string transfer_id;
+    TimePoint at;
+  };
+  std::deque<Terminal> terminal_order_;  // oldest first (records still doing I/O go to the back)
   std::deque<FailedSave> failures_;
   std::uint64_t io_in_flight_ = 0;
   PushCounters counters_;
@@ -316,23 +321,28 @@ void PushCore::finish(Push& p, P to, Actions& out) {
       break;
     }
   }
-  terminal_order_.push_back(p.spec.transfer_id);
+  terminal_order_.push_back(Terminal{p.spec.transfer_id, now()});
   enforce_terminal_limit();
 }
 
 void PushCore::enforce_terminal_limit() {
   // Records with I/O outstanding stay until it reports (a late reply must still be
-  // able to abandon what it reserved); the bound holds once I/O settles.
+  // able to abandon what it reserved); the bounds hold once I/O settles.
+  const TimePoint t = now();
+  auto due = [&] {
+    return terminal_order_.size() > options_.terminal_limit ||
+           (options_.terminal_ttl > Duration::zero() && t - terminal_order_.front().at >= options_.terminal_ttl);
+  };
   std::size_t scanned = 0;
-  while (terminal_order_.size() > options_.terminal_limit && scanned < terminal_order_.size()) {
-    const std::string tid = terminal_order_.front();
+  while (!terminal_order_.empty() && due() && scanned < terminal_order_.size()) {
+    Terminal oldest = std::move(terminal_order_.front());
     terminal_order_.pop_front();
-    auto it = pushes_.find(tid);
+    auto it = pushes_.find(oldest.transfer_id);
     if (it == pushes_.end()) continue;
     const bool busy =
         std::any_of(it->second.shards.begin(), it->second.shards.end(), [](const Shard& s) { return s.io; });
     if (busy) {
-      terminal_order_.push_back(tid);
+      terminal_order_.push_back(std::move(oldest));
       ++scanned;
       continue;
     }

@@ -131,11 +131,13 @@ struct FailedSave {
 struct PushOptions {
   Duration push_deadline = std::chrono::seconds(60);   // reserve retries and inputs must finish by then
   Duration refresh_after = std::chrono::seconds(150);  // re-reserve destinations older than this before sending
-  std::uint64_t terminal_limit = 65'536;               // terminal records kept for idempotency
+  std::uint64_t terminal_limit = 65'536;               // terminal records kept for idempotency,
+  Duration terminal_ttl = std::chrono::seconds(300);   // each for at most this long (0 = until the limit)
   std::uint64_t failure_queue_max = 65'536;
   int cancel_attempts = 2;
   int max_shards = 64;
-  // push_wait_timeout_s as the deadline, reservation_ttl_s / 2 as refresh_after.
+  // push_wait_timeout_s as the deadline, reservation_ttl_s / 2 as refresh_after,
+  // reservation_ttl_s as terminal_ttl (the consumer keeps its tombstones as long).
   static PushOptions from_config(const Config& config);
 };
 

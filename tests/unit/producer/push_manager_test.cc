@@ -409,6 +409,25 @@ TEST(Push, TerminalRecordsAreBoundedAndKeepDuplicatesIdempotent) {
   EXPECT_TRUE(dup->empty());  // a retained terminal record answers a repeated spec
 }
 
+TEST(Push, TerminalRecordsLastTheirTtl) {
+  PushOptions o;
+  o.terminal_ttl = 300s;
+  Fixture f(o);
+  auto finish = [&](const std::string& id) {
+    f.start(push(id, "h" + id), 1);
+    f.m.on_reserve_reply(id, 0, reply::Ready{ReservationId::random()});
+  };
+  finish("old");
+  f.clock->advance(200s);
+  finish("young");
+  f.clock->advance(100s);
+  finish("now");  // a push becoming terminal expires what is due
+  EXPECT_FALSE(f.m.state_of("old").has_value());
+  EXPECT_EQ(f.m.state_of("young"), P::done);
+  EXPECT_EQ(f.m.counters().terminal_records, 2u);
+  f.expect_invariants();
+}
+
 TEST(Push, OptionsFollowTheConfiguration) {
   Config c;
   c.push_wait_timeout_s = 12;
@@ -416,6 +435,7 @@ TEST(Push, OptionsFollowTheConfiguration) {
   auto o = PushOptions::from_config(c);
   EXPECT_EQ(o.push_deadline, 12s);
   EXPECT_EQ(o.refresh_after, 50s);
+  EXPECT_EQ(o.terminal_ttl, 100s);
 }
 
 // A small simulated world: actions are executed with random outcomes and delays.
