@@ -45,6 +45,7 @@ struct DemoOptions {
   std::uint64_t item_bytes = 0;
   int tp = 2;
   std::string transport = "tcp";
+  std::string ucx_mode = "am";
   std::string pool_size = "1GiB";
   std::uint64_t seed = 1;
   std::string duration_text = "0";
@@ -76,6 +77,7 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
              {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}};
   if (o.transport == "mooncake") extra["transport"] = "mooncake";  // mooncake_lib: ECX_MOONCAKE_LIB
+  if (o.transport != "mooncake") extra["ucx_mode"] = o.ucx_mode;
   // A soak judges growth: pool pages touched for the first time late in the run (a
   // best-fit allocator reaches the far end of a pool only now and then) are not one.
   if (o.duration_s > 0) extra["prefault"] = true;
@@ -396,14 +398,17 @@ int run_demo(const DemoOptions& options) {
     if (o.log_sizes) argv.emplace_back("--log-sizes");
     if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
     if (o.transport == "mooncake") argv.insert(argv.end(), {"--transport", "mooncake"});
+    argv.insert(argv.end(), {"--ucx-mode", o.ucx_mode});
     return argv;
   };
   const std::vector<std::string> env = {"UCX_TLS=" + ucx_tls(o.transport)};
   std::cout << fmt::format(
-      "ecx demo: consumer (TP={}) and producer on 127.0.0.1 over UCX {} | {} requests of {}-{} images, "
+      "ecx demo: consumer (TP={}) and producer on 127.0.0.1 over {} | {} requests of {}-{} images, "
       "{}-{} tokens x {} bf16, {:.0f}% repeated | pools {} | checksums {}\n",
-      o.tp, o.transport, o.requests, o.min_images, o.max_images, o.min_tokens, o.max_tokens, o.hidden, o.repeat * 100,
-      o.pool_size, o.checksum ? "on" : "off");
+      o.tp,
+      o.transport == "mooncake" ? std::string("Mooncake tcp") : fmt::format("UCX {} ({})", o.transport, o.ucx_mode),
+      o.requests, o.min_images, o.max_images, o.min_tokens, o.max_tokens, o.hidden, o.repeat * 100, o.pool_size,
+      o.checksum ? "on" : "off");
   auto consumer = sim::ChildProcess::spawn(common("consumer"), env);
   if (!consumer) {
     std::cerr << "ecx demo: " << consumer.status().message() << "\n";
@@ -511,6 +516,7 @@ int run_demo(const DemoOptions& options) {
                {"producer_retry_afters", producer_result ? producer_result->value("retry_afters", 0ULL) : 0ULL},
                {"tp", o.tp},
                {"transport", o.transport},
+               {"ucx_mode", o.transport == "mooncake" ? "" : o.ucx_mode},
                {"consumer_exit", consumer_exit.value_or(-1)},
                {"producer_exit", producer_exit.value_or(-1)}};
   const bool passed = summary["requests_failed"] == 0 && summary["requests_ready"] == total && total > 0 &&
@@ -619,6 +625,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_option("--transport", o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)")
       ->capture_default_str()
       ->check(CLI::IsMember({"tcp", "shm", "mooncake"}));
+  demo->add_option("--ucx-mode", o->ucx_mode, "UCX protocol (ucx_mode): am, or put (one-sided put + flush)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"am", "put"}));
   demo->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
       ->capture_default_str();
   demo->add_option("--seed", o->seed, "workload seed")->capture_default_str();

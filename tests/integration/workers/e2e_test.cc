@@ -7,6 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <string>
+#include <tuple>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +31,7 @@ struct Workload {
   double repeat = 0.2;
   std::uint64_t seed = 7;
   std::string pool = "512MiB";
+  std::string ucx_mode = "am";
 };
 
 Config consumer_config(int tp, int port, const std::string& pool, const json& extra_overrides = json::object()) {
@@ -70,18 +74,22 @@ std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& con
           "--port",
           std::to_string(port),
           "--deadline",
-          "120"};
+          "120",
+          "--ucx-mode",
+          w.ucx_mode};
 }
 
-class EndToEnd : public ::testing::TestWithParam<int> {};
+// (TP size, UCX mode)
+class EndToEnd : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
-  const int tp = GetParam();
+  const auto& [tp, ucx_mode] = GetParam();
   Workload w;
+  w.ucx_mode = ucx_mode;
   const int port = free_port_block(tp);
   ASSERT_NE(port, 0);
   ConsumerSimOptions options;
-  options.config = consumer_config(tp, port, w.pool);
+  options.config = consumer_config(tp, port, w.pool, json{{"ucx_mode", ucx_mode}});
   options.deadline = std::chrono::seconds(180);
   auto consumer = ConsumerSim::start(std::move(options));
   ASSERT_TRUE(consumer) << consumer.status().to_string();
@@ -105,8 +113,13 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   EXPECT_EQ(result.invariant_error, "");
 }
 
-INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd, ::testing::Values(1, 2),
-                         [](const auto& param_info) { return "tp" + std::to_string(param_info.param); });
+INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd,
+                         ::testing::Values(std::tuple{1, std::string("am")}, std::tuple{2, std::string("am")},
+                                           std::tuple{2, std::string("put")}),
+                         [](const auto& param_info) {
+                           return "tp" + std::to_string(std::get<0>(param_info.param)) + "_" +
+                                  std::get<1>(param_info.param);
+                         });
 
 }  // namespace
 }  // namespace ecx::sim
