@@ -147,8 +147,15 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   if (r.progress.requests_ready != last_ready) last_ready_s = r.progress.elapsed_s;
   std::vector<double> ttr_us;
   for (std::size_t i = warmup; i < r.time_to_ready_ms.size(); ++i) ttr_us.push_back(r.time_to_ready_ms[i] * 1000);
-  const double seconds = window_start ? last_ready_s - *window_start : 0;
-  const double measured = static_cast<double>(r.progress.requests_ready - std::min(r.progress.requests_ready, warmup));
+  double seconds = window_start ? last_ready_s - *window_start : 0;
+  double measured = static_cast<double>(r.progress.requests_ready - std::min(r.progress.requests_ready, warmup));
+  if (seconds <= 0 && last_ready_s > 0) {
+    // The warm-up's last item and every later one became ready in the same step (a
+    // slow consumer, e.g. under a sanitizer): the window has no width, so take the
+    // whole phase.
+    seconds = last_ready_s;
+    measured = static_cast<double>(r.progress.requests_ready);
+  }
   const double per_s = seconds > 0 ? measured / seconds : 0;
   json out{{"event", "phase"},
            {"series", "ecx_e2e"},
