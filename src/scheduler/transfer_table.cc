@@ -329,7 +329,7 @@ void TransferTable::notify(TransferRecord& r, std::string_view request_id) {
   r.notified_.emplace_back(request_id);
   pending_unavailable_.emplace(request_id);
   logger()->info("EC request {} cannot obtain transfer_id={} (mm_hash={}): it is {}", shorten(request_id),
-                  shorten(r.transfer_id_), shorten(r.mm_hash_), transfer_state_name(r.state_));
+                 shorten(r.transfer_id_), shorten(r.mm_hash_), transfer_state_name(r.state_));
 }
 
 void TransferTable::notify_waiters(TransferRecord& r) {
