@@ -92,7 +92,7 @@ struct Record {
 class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
  public:
   ReservationCore(ReservationOptions options, std::shared_ptr<const Clock> clock)
-      : options_(std::move(options)),
+      : options_(options),
         clock_(std::move(clock)),
         allocator_(options_.slab_size, options_.alignment),
         log_(log::get("consumer")) {
@@ -502,8 +502,6 @@ ReserveOutcome ReservationCore::reserve_locked(const ReserveRequest& req) {
   if (Record* r = find(req.transfer_id)) {
     switch (r->state) {
       case S::cancelled:
-        ++counters_.reserve_cancelled;
-        return outcome::Cancelled{};
       case S::cancel_pending:
         ++counters_.reserve_cancelled;
         return outcome::Cancelled{};
@@ -1174,7 +1172,7 @@ void SlotLease::release() noexcept {
 // ---------------------------------------------------------------- ReservationManager
 
 ReservationManager::ReservationManager(ReservationOptions options, std::shared_ptr<const Clock> clock)
-    : core_(std::make_shared<detail::ReservationCore>(std::move(options), std::move(clock))) {}
+    : core_(std::make_shared<detail::ReservationCore>(options, std::move(clock))) {}
 
 ReservationManager::~ReservationManager() = default;
 

@@ -147,7 +147,7 @@ std::string retry_key(std::string_view tid, int shard) { return fmt::format("{}\
 class PushCore {
  public:
   PushCore(PushOptions options, std::shared_ptr<const Clock> clock)
-      : options_(std::move(options)), clock_(std::move(clock)), log_(log::get("producer")) {}
+      : options_(options), clock_(std::move(clock)), log_(log::get("producer")) {}
 
   Result<Actions> start(const PushSpec& spec, int shard_count);
   Actions on_reserve_reply(std::string_view tid, int shard, const ReserveReply& reply);
@@ -767,7 +767,7 @@ Status PushCore::check_invariants() const {
 }  // namespace detail
 
 PushManager::PushManager(PushOptions options, std::shared_ptr<const Clock> clock)
-    : core_(std::make_unique<detail::PushCore>(std::move(options), std::move(clock))) {}
+    : core_(std::make_unique<detail::PushCore>(options, std::move(clock))) {}
 PushManager::~PushManager() = default;
 
 Result<Actions> PushManager::start(const PushSpec& spec, int shard_count) { return core_->start(spec, shard_count); }
