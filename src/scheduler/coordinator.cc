@@ -555,13 +555,7 @@ void SchedulerCoordinator::update_state_after_free(const RequestView& request, s
 
 void SchedulerCoordinator::release_own_transfer(const std::string& transfer_id, TimePoint now, std::string_view mm_hash,
                                                 std::string_view request_id) {
-  if (released_own_.insert(transfer_id).second) {
-    released_own_order_.push_back(transfer_id);
-    while (released_own_order_.size() > options_.max_notified_remembered) {
-      released_own_.erase(released_own_order_.front());
-      released_own_order_.pop_front();
-    }
-  }
+  released_own_.insert(transfer_id, options_.max_notified_remembered);
   // A transfer can be both: owed to the request whose delivery this one used (kept
   // until both are done), and the lender of its own substitute (owed to this request).
   if (auto lender = lender_of_substitute_.find(transfer_id); lender != lender_of_substitute_.end()) {
@@ -722,13 +716,8 @@ std::vector<std::string> SchedulerCoordinator::take_unavailable_requests() {
   candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
   std::vector<std::string> out;
   for (auto& id : candidates) {
-    if (!notified_.insert(id).second) continue;  // each request is failed once
-    notified_order_.push_back(id);
+    if (!notified_.insert(id, options_.max_notified_remembered)) continue;  // each request is failed once
     out.push_back(std::move(id));
-  }
-  while (notified_order_.size() > options_.max_notified_remembered) {
-    notified_.erase(notified_order_.front());
-    notified_order_.pop_front();
   }
   return out;
 }

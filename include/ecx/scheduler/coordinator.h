@@ -125,6 +125,25 @@ class SchedulerCoordinator {
   using StringSet = std::unordered_set<std::string, StringHash, std::equal_to<>>;
   template <typename V>
   using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+  // Ids remembered up to a bound, the oldest forgotten first.
+  class RecentIds {
+   public:
+    // False when `id` is remembered already.
+    bool insert(const std::string& id, std::size_t bound) {
+      if (!ids_.insert(id).second) return false;
+      order_.push_back(id);
+      while (order_.size() > bound) {
+        ids_.erase(order_.front());
+        order_.pop_front();
+      }
+      return true;
+    }
+    bool contains(std::string_view id) const { return ids_.contains(id); }
+
+   private:
+    StringSet ids_;
+    std::deque<std::string> order_;
+  };
 
   struct CancelTicket;
   struct PendingShards {
@@ -217,8 +236,7 @@ class SchedulerCoordinator {
   std::deque<std::string> substitute_order_;
   // Transfers whose naming request is done with them (bounded, oldest forgotten): a
   // request served by one of these owes nothing to a request that has finished.
-  StringSet released_own_;
-  std::deque<std::string> released_own_order_;
+  RecentIds released_own_;
 
   // Producer: planned pushes of this step, bindings planned so far, and which
   // request planned which binding.
@@ -230,8 +248,7 @@ class SchedulerCoordinator {
   StringSet failed_saves_;
   StringSet malformed_pending_;
   // Requests already returned by take_unavailable_requests (bounded, oldest forgotten).
-  StringSet notified_;
-  std::deque<std::string> notified_order_;
+  RecentIds notified_;
 
   std::uint64_t unresolved_warnings_ = 0;
   bool pending_work_ = false;

@@ -438,12 +438,9 @@ TEST(CoordinatorConsumer, ACopyLoadedForAWaitingRequestIsRetainedWhenAnotherRequ
   EXPECT_EQ(state_of(h.coordinator, "ta"), S::ready);
   h.coordinator.update_connector_output(WorkerOutput{{}, {}, {"h"}, false, {}});  // the pool's copy reclaimed
   h.step();
-  h.events->ready("t-other", "other");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(a, 0));  // loads "other"; h is still in the workers
-  meta = h.step();
+  meta = h.land_and_load(a, "t-other", "other");  // h is still in the workers: only "other" loads
   ASSERT_EQ(meta.loads.size(), 1u);
   EXPECT_EQ(meta.loads[0].mm_hash, "other");
-  h.coordinator.update_connector_output(WorkerOutput{{"other"}, {}, {}, false, {}});
   EXPECT_TRUE(h.coordinator.ensure_cache_available(a, 0));
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
   // A runs and finishes: from then on a free of h releases it as usual.
@@ -477,10 +474,7 @@ TEST(CoordinatorConsumer, ACopyAWaitingRequestFoundLoadedIsRetainedWhenTheLoader
   EXPECT_EQ(meta.retained, std::vector<std::string>{"h"});
   h.coordinator.request_finished(b);  // B gives up; C still counts on the copy
   EXPECT_TRUE(h.step().freed.empty());
-  h.events->ready("t-other2", "other2");
-  EXPECT_FALSE(h.coordinator.ensure_cache_available(c, 0));
-  h.step();
-  h.coordinator.update_connector_output(WorkerOutput{{"other2"}, {}, {}, false, {}});
+  h.land_and_load(c, "t-other2", "other2");
   EXPECT_TRUE(h.coordinator.ensure_cache_available(c, 0));
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
   h.coordinator.request_finished(c);  // C ends without running: nothing counts on h now

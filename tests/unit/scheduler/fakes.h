@@ -215,12 +215,14 @@ struct Harness {
   ConnectorMeta step(StepView view = {}) { return coordinator.build_connector_meta(view); }
   void advance(Duration d) { clock->advance(d); }
   // `transfer_id` lands, the request's gate starts its load, and the workers report
-  // it loaded (the request has not run yet: the gate said no).
-  void land_and_load(const RequestView& r, const std::string& transfer_id, const std::string& hash) {
+  // it loaded (the request has not run yet: the gate said no). Returns the step's
+  // metadata, the one that carried the load.
+  ConnectorMeta land_and_load(const RequestView& r, const std::string& transfer_id, const std::string& hash) {
     events->ready(transfer_id, hash);
     EXPECT_FALSE(coordinator.ensure_cache_available(r, 0));
-    step();
+    ConnectorMeta meta = step();
     coordinator.update_connector_output(WorkerOutput{{hash}, {}, {}, false, {}});
+    return meta;
   }
   // Waits for the executor to finish `n` cancel RPCs, then polls their outcome.
   void settle_cancels(std::size_t n) {
