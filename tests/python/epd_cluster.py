@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 WIDTH = 64
+PD_CACHE_ROWS = 2048  # the PD instance's encoder cache, in rows of WIDTH
 
 
 def free_port_range(count: int) -> int:
@@ -72,16 +73,26 @@ def vllm_config(role: str, port: int, tp: int, **extra: Any):
 
 
 def _serve(engine, inbox, outbox, on_stop) -> None:
-    """Steps the engine while it has work; admits the proxy's requests between steps."""
+    """Steps the engine while it has work; admits the proxy's requests between steps.
+
+    ("probe",) answers with the engine's counters. A ("batch", [(request_id,
+    items, params), ...]) message is admitted as a whole,
+    in its order, once the connector has every input of every request in it, so
+    that one step schedules all of them (a test's way to build a particular step)."""
     from vllm._double_engine import make_request
 
     stopping = False
+    staged: list = []
 
     def handle(message: tuple) -> None:
         nonlocal stopping
         if message[0] == "request":
             _, request_id, items, params = message
             engine.add_request(make_request(request_id, items, params))
+        elif message[0] == "batch":
+            staged.extend(make_request(*entry) for entry in message[1])
+        elif message[0] == "probe":
+            outbox.put(("probe", {"evicted_and_reallocated": getattr(engine, "evicted_and_reallocated", 0)}))
         elif message[0] == "stop":
             stopping = True
 
@@ -91,6 +102,10 @@ def _serve(engine, inbox, outbox, on_stop) -> None:
                 handle(inbox.get_nowait())
         except queue.Empty:
             pass
+        if staged and all(engine.scheduler.ensure_cache_available(r, 0) for r in staged):
+            for r in staged:
+                engine.add_request(r)
+            staged.clear()
         if engine.has_requests():
             engine.step()
             finished = engine.take_finished()
@@ -98,7 +113,7 @@ def _serve(engine, inbox, outbox, on_stop) -> None:
                 outbox.put(("finished", f.request_id, f.status, f.ec_transfer_params, f.detail, f.provenance))
             if not finished:
                 time.sleep(0.0005)  # waiting on the network: do not starve the other instance of CPU
-        elif stopping:
+        elif stopping and not staged:
             break
         else:
             try:  # idle: wait for the proxy's next message
@@ -134,7 +149,7 @@ def pd_main(port: int, inbox, outbox) -> None:
     # A small encoder cache, like the producer's: entries are evicted all the time,
     # and some are evicted and allocated again in one step (the connector restores
     # what the workers dropped).
-    engine = EngineDouble(vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=2048)
+    engine = EngineDouble(vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=PD_CACHE_ROWS)
     outbox.put(("ready", engine.workers[0].connector._config.control_address(0)))
 
     def on_stop() -> dict[str, Any]:

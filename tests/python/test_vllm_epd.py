@@ -100,67 +100,114 @@ def cluster():
             p.join()
 
 
-def test_e_pd_cluster_delivers_every_embedding_bit_exact(cluster):
-    processes, boxes = cluster
-    deadline = time.monotonic() + DEADLINE_S
+def run_encoder_legs(requests: list[dict], consumer_zmq: str, boxes: dict, deadline: float, processes: dict, on_done) -> None:
+    """Proxy, encoder leg: one encoder request per image occurrence, each naming a
+    fresh transfer id and the PD instance's control address. on_done(request,
+    ec_items) runs when every leg of a request has finished, with the identifiers
+    the encoder reported and their transfer ids."""
     encoder_in, encoder_out = boxes["encoder"]
-    pd_in, pd_out = boxes["pd"]
-    ready = {name: recv(boxes[name][1], deadline, processes) for name in ("encoder", "pd")}
-    assert ready["encoder"][0] == "ready" and ready["pd"][0] == "ready"
-    consumer_zmq = ready["pd"][1]
-
-    requests = workload()
-    by_id = {r["id"]: r for r in requests}
-    # Proxy, encoder leg: one encoder request per image occurrence, each naming a
-    # fresh transfer id and the PD instance's control address.
     pending_legs: dict[str, int] = {}
-    legs: dict[str, tuple[str, int, str]] = {}  # encoder request id -> (request id, index, transfer id)
+    legs: dict[str, tuple[dict, int, str]] = {}  # encoder request id -> (request, index, transfer id)
+    reported: dict[str, list[dict | None]] = {}
     for r in requests:
-        if r["kind"] != "normal":
-            continue
-        r["transfer_ids"] = [uuid.uuid4().hex for _ in r["items"]]
         pending_legs[r["id"]] = len(r["items"])
+        reported[r["id"]] = [None] * len(r["items"])
         for i, item in enumerate(r["items"]):
+            transfer_id = uuid.uuid4().hex
             leg_id = f"{r['id']}:{i}:{uuid.uuid4().hex[:8]}"
-            legs[leg_id] = (r["id"], i, r["transfer_ids"][i])
-            params = {"consumer_zmq": consumer_zmq, "ec_items": [{"transfer_id": r["transfer_ids"][i]}]}
+            legs[leg_id] = (r, i, transfer_id)
+            params = {"consumer_zmq": consumer_zmq, "ec_items": [{"transfer_id": transfer_id}]}
             encoder_in.put(("request", leg_id, [item], params))
-
-    # Requests that need no encoder leg go straight to the PD instance.
-    for n, r in enumerate(x for x in requests if x["kind"] != "normal"):
-        params = MALFORMED_PARAMS[n % len(MALFORMED_PARAMS)] if r["kind"] == "malformed" else None
-        pd_in.put(("request", r["id"], r["items"], params))
-
-    reported: dict[str, list[dict]] = {r["id"]: [None] * len(r["items"]) for r in requests if r["kind"] == "normal"}
-    encoder_problems: list[str] = []
+    problems: list[str] = []
     while pending_legs:
         kind, leg_id, status, params, detail, _ = recv(encoder_out, deadline, processes)
         assert kind == "finished"
-        request_id, index, transfer_id = legs[leg_id]
-        item = by_id[request_id]["items"][index]
+        r, index, transfer_id = legs[leg_id]
+        item = r["items"][index]
         if status != "ok":
-            encoder_problems.append(f"{leg_id}: {status} {detail}")
+            problems.append(f"{leg_id}: {status} {detail}")
         # request_finished: per-item metadata with the transfer id, and the push it prepared.
         expected = {
             item["identifier"]: {"item_indices": [0], "transfer_id": transfer_id, "metadata": {"image_grid_thw": item["grid"]}},
             "ec_items": [{"mm_hash": item["identifier"], "transfer_id": transfer_id}],
         }
         if params != expected:
-            encoder_problems.append(f"{leg_id}: request_finished returned {params}, expected {expected}")
-        reported[request_id][index] = {"mm_hash": params["ec_items"][0]["mm_hash"], "transfer_id": transfer_id}
-        pending_legs[request_id] -= 1
-        if pending_legs[request_id] == 0:
-            del pending_legs[request_id]
-            # Proxy, PD leg: the encoder-reported identifiers with their transfer ids.
-            pd_in.put(("request", request_id, by_id[request_id]["items"], {"ec_items": reported[request_id]}))
-    assert not encoder_problems, encoder_problems[:5]
+            problems.append(f"{leg_id}: request_finished returned {params}, expected {expected}")
+        reported[r["id"]][index] = {"mm_hash": params["ec_items"][0]["mm_hash"], "transfer_id": transfer_id}
+        pending_legs[r["id"]] -= 1
+        if pending_legs[r["id"]] == 0:
+            del pending_legs[r["id"]]
+            on_done(r, reported[r["id"]])
+    assert not problems, problems[:5]
 
+
+def collect_outcomes(pd_out, count: int, deadline: float, processes: dict) -> dict[str, tuple]:
     outcomes: dict[str, tuple] = {}
-    while len(outcomes) < len(requests):
+    while len(outcomes) < count:
         kind, request_id, status, _params, detail, provenance = recv(pd_out, deadline, processes)
         assert kind == "finished"
         assert request_id not in outcomes, f"{request_id} finished twice"
         outcomes[request_id] = (status, detail, provenance)
+    return outcomes
+
+
+def sized_image(name: str, rows: int) -> dict:
+    identifier = hashlib.sha256(name.encode()).hexdigest()[:40]
+    return {"identifier": identifier, "num_embeds": rows, "grid": [1, 2, rows]}
+
+
+def test_e_pd_cluster_delivers_every_embedding_bit_exact(cluster):
+    processes, boxes = cluster
+    deadline = time.monotonic() + DEADLINE_S
+    pd_in, pd_out = boxes["pd"]
+    ready = {name: recv(boxes[name][1], deadline, processes) for name in ("encoder", "pd")}
+    assert ready["encoder"][0] == "ready" and ready["pd"][0] == "ready"
+    consumer_zmq = ready["pd"][1]
+
+    requests = workload()
+    # Requests that need no encoder leg go straight to the PD instance.
+    for n, r in enumerate(x for x in requests if x["kind"] != "normal"):
+        params = MALFORMED_PARAMS[n % len(MALFORMED_PARAMS)] if r["kind"] == "malformed" else None
+        pd_in.put(("request", r["id"], r["items"], params))
+
+    def send_to_pd(r: dict, ec_items: list[dict]) -> None:
+        # Proxy, PD leg: the encoder-reported identifiers with their transfer ids.
+        pd_in.put(("request", r["id"], r["items"], {"ec_items": ec_items}))
+
+    normal = [r for r in requests if r["kind"] == "normal"]
+    run_encoder_legs(normal, consumer_zmq, boxes, deadline, processes, send_to_pd)
+    outcomes = collect_outcomes(pd_out, len(requests), deadline, processes)
+
+    # Evicted and allocated again in one step, on purpose: the PD instance loads X and
+    # keeps it as an unreferenced cache entry; then one step schedules a request whose
+    # items fill the whole encoder cache (evicting X) and, after it, a request for X
+    # with a new transfer. The workers drop X at the step's start and the connector
+    # must put it back, bit-exact.
+    x = sized_image("evicted-x", 200)
+    first = {"id": "evict-first", "items": [x]}
+    run_encoder_legs([first], consumer_zmq, boxes, deadline, processes, send_to_pd)
+    outcomes |= collect_outcomes(pd_out, 1, deadline, processes)
+    fill_rows = epd_cluster.PD_CACHE_ROWS // 8
+    filler = {"id": "evict-filler", "items": [sized_image(f"evict-fill-{k}", fill_rows) for k in range(8)]}
+    again = {"id": "evict-again", "items": [x]}
+    batch: list[tuple] = []
+    run_encoder_legs(
+        [filler, again], consumer_zmq, boxes, deadline, processes,
+        lambda r, ec_items: batch.append((r["id"], r["items"], {"ec_items": ec_items})),
+    )
+    # In this order, admitted together once the connector has both requests' inputs.
+    batch.sort(key=lambda b: b[0] != filler["id"])
+    pd_in.put(("probe",))
+    before = recv(pd_out, deadline, processes)
+    pd_in.put(("batch", batch))
+    outcomes |= collect_outcomes(pd_out, 2, deadline, processes)
+    pd_in.put(("probe",))
+    after = recv(pd_out, deadline, processes)
+    assert before[0] == "probe" and after[0] == "probe"
+    assert after[1]["evicted_and_reallocated"] == before[1]["evicted_and_reallocated"] + 1, (before, after)
+    for request_id in (first["id"], filler["id"], again["id"]):
+        status, detail, provenance = outcomes[request_id]
+        assert status == "ok" and set(provenance.values()) == {"connector"}, (request_id, status, detail, provenance)
 
     for name in ("encoder", "pd"):
         boxes[name][0].put(("stop",))
@@ -191,9 +238,6 @@ def test_e_pd_cluster_delivers_every_embedding_bit_exact(cluster):
     assert encoder_counters["staging_failures"] == 0
     assert encoder_counters["staging_used_bytes"] == 0
     assert final["pd"][1]["local_encodes"][0] > 0  # the absent-params requests were encoded locally
-    # The small encoder cache evicts entries that the same step allocates again as
-    # external loads; they were all restored (every item above is bit-exact).
-    assert final["pd"][1]["evicted_and_reallocated"] > 0
     for rank, c in enumerate(final["pd"][1]["counters"]):
         assert c["invariants"] == "", (rank, c)
         assert c["checksum_mismatches"] == 0
