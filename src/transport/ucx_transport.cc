@@ -734,7 +734,14 @@ class UcxTransport final : public Transport {
     endpoint.failed = true;
     if (peer_failed) {
       stats_.peer_failures.fetch_add(1);
-      logger()->warn("endpoint to {} failed: {}", printable(endpoint.peer), status.to_string());
+      // A peer that goes away while nothing is in flight (a clean restart or shutdown
+      // of the other side) costs nothing; only lost operations are worth a warning.
+      if (endpoint.sends.empty() && endpoint.landings.empty()) {
+        logger()->info("endpoint to {} closed while idle: {}", printable(endpoint.peer), status.to_string());
+      } else {
+        logger()->warn("endpoint to {} failed with {} sends and {} landings in flight: {}", printable(endpoint.peer),
+                       endpoint.sends.size(), endpoint.landings.size(), status.to_string());
+      }
     } else {
       logger()->debug("closing the endpoint to {}: {}", printable(endpoint.peer), status.message());
     }

@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -181,5 +183,51 @@ class AdmitChannel {
   zmq::socket_t socket_{context_, zmq::socket_type::pull};
   std::string endpoint_;
 };
+
+// A producer's arguments for the consumer whose first shard listens at
+// `consumer` (base control port `port`), forwarding finished requests to the
+// admit endpoint `admit`; each test sets the workload on top.
+inline ProducerArgs producer_args(const std::string& consumer, int port, const std::string& admit) {
+  ProducerArgs args;
+  args.consumer = consumer;
+  args.admit = admit;
+  args.port = port;
+  return args;
+}
+
+// A consumer configuration file for `ecx consumer --config`, removed again when the
+// test is done with it.
+class ConsumerConfigFile {
+ public:
+  ConsumerConfigFile(const std::string& name, const json& document)
+      : path_(::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid()) + ".json") {
+    std::ofstream(path_) << document.dump();
+  }
+  ~ConsumerConfigFile() { std::remove(path_.c_str()); }
+  ConsumerConfigFile(const ConsumerConfigFile&) = delete;
+  ConsumerConfigFile& operator=(const ConsumerConfigFile&) = delete;
+
+  std::vector<std::string> consumer_argv() const {
+    return {std::string(ECX_BINARY_DIR) + "/bin/ecx", "consumer", "--config", path_};
+  }
+
+ private:
+  std::string path_;
+};
+
+// `ecx consumer` started from `config`, once it serves; nullopt (with the test
+// failed) when it does not start or does not get to serving.
+inline std::optional<sim::ChildProcess> spawn_serving_consumer(const ConsumerConfigFile& config) {
+  auto consumer = sim::ChildProcess::spawn(config.consumer_argv());
+  if (!consumer) {
+    ADD_FAILURE() << "ecx consumer did not start: " << consumer.status().to_string();
+    return std::nullopt;
+  }
+  if (!wait_serving(*consumer)) {
+    ADD_FAILURE() << "ecx consumer did not get to serving";
+    return std::nullopt;
+  }
+  return std::optional<sim::ChildProcess>(std::move(*consumer));
+}
 
 }  // namespace ecx::fault

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -86,10 +85,7 @@ void producer_killed_round(bool* cut_off) {
   auto consumer = sim::ConsumerSim::start(std::move(options));
   ASSERT_TRUE(consumer) << consumer.status().to_string();
 
-  ProducerArgs args;
-  args.consumer = (*consumer)->control_address();
-  args.admit = (*consumer)->admit_endpoint();
-  args.port = port;
+  auto args = producer_args((*consumer)->control_address(), port, (*consumer)->admit_endpoint());
   args.requests = 40;
   args.min_tokens = 2048;  // 4..8 MiB items (bf16, hidden 1024)
   args.max_tokens = 4096;
@@ -131,29 +127,15 @@ TEST(ProducerKilled, WaitingRequestsBecomeUnavailableAndThePoolIsFreed) {
 
 // 2. The consumer process dies (SIGKILL) while the producer pushes, and comes back
 // on the same ports. The producer reports failed saves and exits within its deadline.
-// Known failure: the producer's pushes do fail (its log counts them), but the demo's
-// result line counts failed_saves from WorkerMeta::failed_saves, which holds request
-// ids, and a push drops its request ids once the request finished (the simulated
-// encoder finishes every request right after saving), so the line says 0.
 TEST(ConsumerRestarted, ProducerReportsFailedSavesAndExitsInTime) {
   const int port = free_port_block(1);
   ASSERT_NE(port, 0);
-  const std::string config_path = ::testing::TempDir() + "/fault_consumer_" + std::to_string(::getpid()) + ".json";
-  {
-    std::ofstream out(config_path);
-    out << consumer_document(port, "256MiB").dump();
-  }
-  const std::vector<std::string> consumer_argv = {std::string(ECX_BINARY_DIR) + "/bin/ecx", "consumer", "--config",
-                                                  config_path};
-  auto consumer = ChildProcess::spawn(consumer_argv);
-  ASSERT_TRUE(consumer) << consumer.status().to_string();
-  ASSERT_TRUE(wait_serving(*consumer));
+  const ConsumerConfigFile config("fault_consumer", consumer_document(port, "256MiB"));
+  auto consumer = spawn_serving_consumer(config);
+  ASSERT_TRUE(consumer);
 
   AdmitChannel admit;
-  ProducerArgs args;
-  args.consumer = tcp_address("127.0.0.1", port);
-  args.admit = admit.endpoint();
-  args.port = port;
+  auto args = producer_args(tcp_address("127.0.0.1", port), port, admit.endpoint());
   args.requests = 60;
   args.min_tokens = 1024;  // 2..4 MiB items
   args.max_tokens = 2048;
@@ -168,9 +150,8 @@ TEST(ConsumerRestarted, ProducerReportsFailedSavesAndExitsInTime) {
   ASSERT_TRUE(first.has_value()) << "the producer never admitted a request";
   consumer->signal(SIGKILL);
   EXPECT_EQ(consumer->wait(5s).value_or(-1), 128 + SIGKILL);
-  auto restarted = ChildProcess::spawn(consumer_argv);
-  ASSERT_TRUE(restarted) << restarted.status().to_string();
-  EXPECT_TRUE(wait_serving(*restarted));
+  auto restarted = spawn_serving_consumer(config);
+  ASSERT_TRUE(restarted);
 
   const auto result =
       producer_result(*producer, std::chrono::milliseconds(static_cast<int>(args.deadline_s * 1000)) + 15s);
@@ -184,7 +165,6 @@ TEST(ConsumerRestarted, ProducerReportsFailedSavesAndExitsInTime) {
   // The restarted consumer still shuts down cleanly.
   restarted->signal(SIGTERM);
   EXPECT_EQ(restarted->wait(15s).value_or(-1), 0);
-  std::remove(config_path.c_str());
 }
 
 // 2b. The consumer process is stopped (SIGSTOP) while the producer pushes, stays
@@ -196,20 +176,13 @@ TEST(ConsumerStopped, ResumedPastEveryDeadlineItLeaksNothing) {
   const int port = free_port_block(2);  // control port, metrics port
   ASSERT_NE(port, 0);
   const int metrics_port = port + 1;
-  const std::string config_path = ::testing::TempDir() + "/fault_stopped_" + std::to_string(::getpid()) + ".json";
-  {
-    std::ofstream out(config_path);
-    out << consumer_document(port, "256MiB", {{"reservation_ttl_s", 2}, {"metrics_port", metrics_port}}).dump();
-  }
-  auto consumer = ChildProcess::spawn({std::string(ECX_BINARY_DIR) + "/bin/ecx", "consumer", "--config", config_path});
-  ASSERT_TRUE(consumer) << consumer.status().to_string();
-  ASSERT_TRUE(wait_serving(*consumer));
+  const ConsumerConfigFile config(
+      "fault_stopped", consumer_document(port, "256MiB", {{"reservation_ttl_s", 2}, {"metrics_port", metrics_port}}));
+  auto consumer = spawn_serving_consumer(config);
+  ASSERT_TRUE(consumer);
 
   AdmitChannel admit;
-  ProducerArgs args;
-  args.consumer = tcp_address("127.0.0.1", port);
-  args.admit = admit.endpoint();
-  args.port = port;
+  auto args = producer_args(tcp_address("127.0.0.1", port), port, admit.endpoint());
   args.requests = 40;
   args.min_tokens = 1024;  // 2..4 MiB items
   args.max_tokens = 2048;
@@ -249,7 +222,6 @@ TEST(ConsumerStopped, ResumedPastEveryDeadlineItLeaksNothing) {
   // Still healthy: it shuts down cleanly.
   consumer->signal(SIGTERM);
   EXPECT_EQ(consumer->wait(15s).value_or(-1), 0);
-  std::remove(config_path.c_str());
 }
 
 // 2c. Deadlines passing mid-write: the producer is stopped (SIGSTOP) while one of
@@ -269,10 +241,7 @@ TEST(ProducerStalled, LandingPastItsDeadlineIsCutOffAndItsSlotFreed) {
   ASSERT_TRUE(shard) << shard.status().to_string();
   auto& s = **shard;
   AdmitChannel admit;
-  ProducerArgs args;
-  args.consumer = config.control_address(0);
-  args.admit = admit.endpoint();
-  args.port = port;
+  auto args = producer_args(config.control_address(0), port, admit.endpoint());
   args.requests = 12;
   args.min_tokens = 16384;  // 32 MiB items (bf16, hidden 1024): each takes a while to land
   args.max_tokens = 16384;
@@ -352,10 +321,7 @@ TEST(PoolExhausted, BackPressureStillDeliversEveryItem) {
   options.deadline = 60s;
   auto consumer = sim::ConsumerSim::start(std::move(options));
   ASSERT_TRUE(consumer) << consumer.status().to_string();
-  ProducerArgs args;
-  args.consumer = (*consumer)->control_address();
-  args.admit = (*consumer)->admit_endpoint();
-  args.port = port;
+  auto args = producer_args((*consumer)->control_address(), port, (*consumer)->admit_endpoint());
   args.requests = 50;
   args.min_tokens = 512;  // 1..4 MiB items (bf16, hidden 1024)
   args.max_tokens = 2048;
@@ -391,10 +357,7 @@ TEST(SameImageInFiftyRequests, OneWriteOneLandingEveryTransferServed) {
   auto shard = consumer::ConsumerShard::start(config);
   ASSERT_TRUE(shard) << shard.status().to_string();
   AdmitChannel admit;
-  ProducerArgs args;
-  args.consumer = config.control_address(0);
-  args.admit = admit.endpoint();
-  args.port = port;
+  auto args = producer_args(config.control_address(0), port, admit.endpoint());
   args.requests = 50;
   args.min_tokens = 512;  // one 1 MiB image
   args.max_tokens = 512;
