@@ -317,7 +317,7 @@ void SchedulerCoordinator::mark_request_unavailable(std::string_view request_id)
   malformed_pending_.emplace(request_id);
 }
 
-void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_view own_transfer_id) {
+void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_view own_transfer_id, TimePoint now) {
   // A resident copy is shared by design (its request finished); an invented name
   // belongs to no other request.
   if (used.transfer_id() == own_transfer_id || used.invented_name() || (used.spec() && used.spec()->local) ||
@@ -334,11 +334,25 @@ void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_v
       "EC transfer_id={} serves a request that named transfer_id={}; the latter is kept for the former's "
       "request",
       shorten(used.transfer_id()), shorten(own_transfer_id));
-  substitute_for_lender_.emplace(used.transfer_id(), Substitute{std::string(own_transfer_id)});
+  substitute_for_lender_.emplace(used.transfer_id(), Substitute{std::string(own_transfer_id), now});
   lender_of_substitute_.emplace(own_transfer_id, used.transfer_id());
-  substitute_order_.emplace_back(used.transfer_id());
+  substitute_order_.emplace_back(now, used.transfer_id());
   while (substitute_order_.size() > options_.max_notified_remembered) {
-    forget_substitute(substitute_order_.front());
+    const auto& [since, lender_id] = substitute_order_.front();
+    if (auto it = substitute_for_lender_.find(lender_id);
+        it != substitute_for_lender_.end() && it->second.since == since)
+      forget_substitute(lender_id);
+    substitute_order_.pop_front();
+  }
+}
+
+void SchedulerCoordinator::expire_substitutes(TimePoint now) {
+  while (!substitute_order_.empty() && substitute_order_.front().first + options_.table.reservation_ttl <= now) {
+    const auto& [since, lender_id] = substitute_order_.front();
+    // (An entry of a substitute forgotten meanwhile, or of a newer one for the same lender, is skipped.)
+    if (auto it = substitute_for_lender_.find(lender_id);
+        it != substitute_for_lender_.end() && it->second.since == since)
+      forget_substitute(lender_id);
     substitute_order_.pop_front();
   }
 }
@@ -486,7 +500,7 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     if (local_cache_.contains(mm_hash)) continue;
     if (const TransferRecord* ready = table_.oldest_in_state(mm_hash, TransferState::ready)) {
       // Another request's load serves this one too; its own transfer is owed to that request.
-      if (transfer_id) note_borrow(*ready, *transfer_id);
+      if (transfer_id) note_borrow(*ready, *transfer_id, now);
       count_on_copy(request.request_id, mm_hash);
       continue;
     }
@@ -497,7 +511,7 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     }
     if (const TransferRecord* used =
             table_.begin_load(mm_hash, transfer_id, request.request_id, now, now + options_.push_wait_timeout)) {
-      if (transfer_id) note_borrow(*used, *transfer_id);
+      if (transfer_id) note_borrow(*used, *transfer_id, now);
       pending_work_ = true;
       count_on_copy(request.request_id, mm_hash);
       all_ready = false;
@@ -600,6 +614,7 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
     queue_cancel(id, now);
     meta.orphan_cancels.push_back(std::move(id));
   }
+  expire_substitutes(now);
   if (!store_candidates_.empty()) {
     const StringSet preempted(step.preempted_request_ids.begin(), step.preempted_request_ids.end());
     StringMap<std::size_t> position;
@@ -616,6 +631,9 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
   }
   meta.pushes = std::exchange(pushes_, {});
   meta.loads = table_.take_loads_to_dispatch();
+  // Every load still LOADING has now been dispatched; an unowned one whose record
+  // ended before it was (expired) will never be reported.
+  std::erase_if(unowned_loads_, [&](const std::string& h) { return !table_.has_state(h, {TransferState::loading}); });
   poll_pending_cancels();
   drain_pending_ = true;
   return meta;
@@ -624,8 +642,11 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
 void SchedulerCoordinator::update_connector_output(const WorkerOutput& output) {
   const TimePoint now = clock_->now();
   for (const auto& h : output.loaded) {
-    table_.complete_load(h);
-    if (unowned_loads_.erase(h) != 0 && !local_cache_.contains(h)) extra_freed_.push_back(h);
+    // A load nobody is left to use (its request finished, or its record expired
+    // while the workers loaded) is freed from the workers' caches at the next step,
+    // unless the engine or a waiting request holds the hash.
+    const bool kept = table_.complete_load(h);
+    if ((unowned_loads_.erase(h) != 0 || !kept) && !local_cache_.contains(h)) extra_freed_.push_back(h);
   }
   for (const auto& h : output.failed_loads) {
     table_.fail_load(h, now);

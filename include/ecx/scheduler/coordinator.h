@@ -116,6 +116,23 @@ class SchedulerCoordinator {
   const CoordinatorStats& stats() const noexcept { return stats_; }
   std::size_t pending_remote_cancels() const noexcept { return pending_cancels_.size(); }
   const CoordinatorOptions& options() const noexcept { return options_; }
+  // How much per-request and per-copy state the coordinator holds. Once every
+  // request finished, every load was reported and the engine freed its entries,
+  // all of it is zero except what is bounded by design (substitutes, remembered ids).
+  struct Bookkeeping {
+    std::size_t requests_counting_on_copies = 0;
+    std::size_t counted_on_copies = 0;
+    std::size_t unowned_loads = 0;
+    std::size_t substitutes = 0;
+    std::size_t engine_cache_entries = 0;
+    std::size_t malformed_pending = 0;
+    std::size_t push_bindings = 0;
+  };
+  Bookkeeping bookkeeping() const noexcept {
+    return Bookkeeping{copies_counted_on_.size(),     copy_counts_.size(), unowned_loads_.size(),
+                       substitute_for_lender_.size(), local_cache_.size(), malformed_pending_.size(),
+                       push_bindings_.size()};
+  }
 
  private:
   struct StringHash {
@@ -170,7 +187,7 @@ class SchedulerCoordinator {
   void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);
-  void note_borrow(const TransferRecord& used, std::string_view own_transfer_id);
+  void note_borrow(const TransferRecord& used, std::string_view own_transfer_id, TimePoint now);
   void count_on_copy(const std::string& request_id, const std::string& mm_hash);
   void stop_counting_on_copy(const std::string& mm_hash);
   void forget_substitute(std::string_view lender_id);
@@ -225,15 +242,19 @@ class SchedulerCoordinator {
   // transfer to that request as a substitute, in case the shared copy is gone before
   // the lender runs: the lender's transfer id -> the borrower's, and back. The
   // substitute is cancelled by whichever of the two requests finishes last, or used
-  // by the lender. Bounded, oldest forgotten (a forgotten one expires by its lease).
+  // by the lender. Bounded in number, and forgotten after the reservation TTL (its
+  // reservation's lease has run out by then; a lender whose request never arrives
+  // would otherwise keep it until the bound).
   struct Substitute {
     std::string transfer_id;
+    TimePoint since;
     bool lender_done = false;
     bool borrower_done = false;
   };
   StringMap<Substitute> substitute_for_lender_;
   StringMap<std::string> lender_of_substitute_;
-  std::deque<std::string> substitute_order_;
+  std::deque<std::pair<TimePoint, std::string>> substitute_order_;  // (since, lender id), oldest first
+  void expire_substitutes(TimePoint now);
   // Transfers whose naming request is done with them (bounded, oldest forgotten): a
   // request served by one of these owes nothing to a request that has finished.
   RecentIds released_own_;

@@ -504,6 +504,59 @@ TEST(CoordinatorConsumer, ARequestServedByTheCopyOfAFinishedRequestOwesItNothing
   EXPECT_EQ(state_of(h.coordinator, "tb"), S::cancelled);
 }
 
+// B borrows a delivery whose own request never arrives (its client went away): B's
+// transfer, kept as that request's substitute, is forgotten once the reservation
+// TTL has passed (its lease is over by then) instead of lingering until the bound.
+TEST(CoordinatorConsumer, ASubstituteForALenderThatNeverArrivesIsForgottenAfterTheTtl) {
+  Harness h;
+  auto b = request("rb", {"h"}, {"tb"});
+  h.land_and_load(b, "ta", "h");  // ta: nobody named it yet
+  EXPECT_EQ(h.coordinator.bookkeeping().substitutes, 1u);
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.update_state_after_free(b, 0);
+  h.coordinator.request_finished(b);
+  h.step();
+  EXPECT_EQ(h.coordinator.bookkeeping().substitutes, 1u);  // the lender's request may still come
+  h.advance(h.coordinator.options().table.reservation_ttl + 1s);
+  h.step();
+  EXPECT_EQ(h.coordinator.bookkeeping().substitutes, 0u);
+}
+
+// The workers finish a load whose record expired meanwhile (its request was told
+// unavailable and finished): nobody will use that copy, so it is freed from the
+// workers' caches at the next step instead of staying there for good.
+TEST(CoordinatorConsumer, ALoadThatCompletesAfterItsRecordExpiredIsFreed) {
+  Harness h;
+  auto r = request("r1", {"h"}, {"t1"});
+  h.events->ready("t1", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  ASSERT_EQ(h.step().loads.size(), 1u);
+  h.advance(h.coordinator.options().push_wait_timeout + 1s);
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+  h.coordinator.request_finished(r);
+  h.step();
+  h.coordinator.update_connector_output(WorkerOutput{{"h"}, {}, {}, false, {}});  // the late report
+  EXPECT_EQ(h.step().freed, std::vector<std::string>{"h"});
+  EXPECT_EQ(h.coordinator.bookkeeping().unowned_loads, 0u);
+}
+
+// A load started for a request that finished, whose record expires before any step
+// dispatched it, is never reported: it is not waited for.
+TEST(CoordinatorConsumer, AnUnownedLoadThatExpiredBeforeItsDispatchIsNotWaitedFor) {
+  Harness h;
+  auto r = request("r1", {"h"}, {"t1"});
+  h.events->ready("t1", "h");
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));  // load queued, not dispatched
+  h.coordinator.request_finished(r);
+  EXPECT_EQ(h.coordinator.bookkeeping().unowned_loads, 1u);
+  h.advance(h.coordinator.options().push_wait_timeout + 1s);
+  EXPECT_FALSE(h.coordinator.has_cache_item("h"));  // drains: the load's deadline passed
+  EXPECT_TRUE(h.step().loads.empty());
+  EXPECT_EQ(h.coordinator.bookkeeping().unowned_loads, 0u);
+}
+
 // A request that counted on a copy it loaded, and finishes without running, lets the
 // retained copy go.
 TEST(CoordinatorConsumer, ARetainedCopyIsFreedWhenTheRequestThatLoadedItFinishesWithoutRunning) {
