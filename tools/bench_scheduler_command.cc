@@ -3,6 +3,7 @@
 // (tools/sim/scheduler_fixtures.h). The figure that matters is the flatness ratio:
 // per-call cost at 100,000 records divided by that at 100, from the same run.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -34,7 +35,7 @@ struct SchedulerBenchOptions {
   std::string plot_file;
 };
 
-const std::vector<std::int64_t> kSizes = {100, 10'000, 100'000};
+constexpr std::array<std::int64_t, 3> kSizes = {100, 10'000, 100'000};
 
 // A workload: built for a table size, then one call per invocation.
 using Step = std::function<void()>;
@@ -89,7 +90,8 @@ double time_per_call_ns(const Step& step, double seconds, int repeat) {
     for (std::uint64_t i = 0; i < batch; ++i) step();
     const double took = std::chrono::duration<double>(Clock::now() - start).count();
     if (took >= seconds / repeat / 10 || batch >= (1ULL << 30)) {
-      batch = std::max<std::uint64_t>(batch, static_cast<std::uint64_t>(batch * (seconds / repeat) / took));
+      batch = std::max<std::uint64_t>(
+          batch, static_cast<std::uint64_t>(static_cast<double>(batch) * (seconds / repeat) / took));
       break;
     }
     batch *= 4;

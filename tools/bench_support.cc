@@ -167,6 +167,7 @@ Status write_plot(const PlotSpec& spec) {
     script << "set key below\nset grid\nplot " << plot_lines << "\n";
   }
   const std::string command = fmt::format("gnuplot '{}' 2>&1", (dir / "plot.gp").string());
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): the CLI draws its plots from its main thread only
   const int rc = plot_lines.empty() ? 1 : std::system(command.c_str());
   std::filesystem::remove_all(dir, error);
   if (rc != 0) return unavailable("gnuplot failed or had nothing to draw (install gnuplot-nox)");

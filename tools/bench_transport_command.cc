@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -62,8 +63,8 @@ struct BenchOptions {
   std::uint64_t consumer_slot_bytes = 0;
 };
 
-const std::vector<std::uint64_t> kSweepSizes = {4ULL << 10, 16ULL << 10, 64ULL << 10, 256ULL << 10, 1ULL << 20,
-                                                4ULL << 20, 9ULL << 20,  16ULL << 20, 64ULL << 20};
+constexpr std::array<std::uint64_t, 9> kSweepSizes = {4ULL << 10, 16ULL << 10, 64ULL << 10, 256ULL << 10, 1ULL << 20,
+                                                      4ULL << 20, 9ULL << 20,  16ULL << 20, 64ULL << 20};
 
 // UCX_TLS for each named transport, the same for ECX and ucx_perftest (self only
 // matters for a process talking to itself).
@@ -92,9 +93,11 @@ class Child {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::dup2(to_child[0], STDIN_FILENO);
       ::dup2(from_child[1], STDOUT_FILENO);
+      // NOLINTNEXTLINE(concurrency-mt-unsafe): the forked child has a single thread
       for (const auto& [key, value] : env) ::setenv(key.c_str(), value.c_str(), 1);
       std::vector<char*> args;
       std::vector<std::string> copy = argv;
+      args.reserve(copy.size() + 1);
       for (auto& arg : copy) args.push_back(arg.data());
       args.push_back(nullptr);
       ::execvp(args[0], args.data());
@@ -253,7 +256,7 @@ int run_consumer(const BenchOptions& options) {
   std::mutex mutex;
   std::condition_variable landed;
   std::uint64_t outcomes = 0;
-  ucx.on_landing = [&](std::span<const std::byte>, const transport::Landing& landing, Status) {
+  ucx.on_landing = [&](std::span<const std::byte>, const transport::Landing& landing, const Status&) {
     (void)allocator.free(pool::Slot{landing.token, (landing.length + alignment - 1) / alignment * alignment});
     std::lock_guard lock(mutex);
     ++outcomes;
@@ -312,7 +315,7 @@ class WindowedOps {
         ++in_flight_;
       }
       const auto started = Clock::now();
-      auto status = issue(i, [this, started, record](Status s) {
+      auto status = issue(i, [this, started, record](const Status& s) {
         const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
         std::lock_guard lock(mutex_);
         --in_flight_;
@@ -496,7 +499,7 @@ Result<Series> run_perftest(const BenchOptions& options, std::uint64_t size, std
   if (!port) return port.status();
   const std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", ucx_tls(options.transport)}};
   const std::string iterations = std::to_string(count);
-  const std::string warmup = std::to_string(std::max<std::uint64_t>(options.window * 2, count / 10));
+  const std::string warmup = std::to_string(std::max<std::uint64_t>(std::uint64_t{options.window} * 2, count / 10));
   const std::vector<std::string> common = {"-t", "ucp_am_bw", "-s", std::to_string(size),  "-n", iterations,
                                            "-w", warmup,      "-p", std::to_string(*port), "-f"};
   std::vector<std::string> server_args = {"ucx_perftest"};
@@ -601,7 +604,7 @@ int run_bench(const BenchOptions& options) {
   }
   std::vector<std::uint64_t> sizes;
   if (options.sizes_text == "sweep") {
-    sizes = kSweepSizes;
+    sizes.assign(kSweepSizes.begin(), kSweepSizes.end());
   } else if (!options.sizes_text.empty()) {
     std::istringstream list(options.sizes_text);
     for (std::string item; std::getline(list, item, ',');) {

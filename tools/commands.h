@@ -15,7 +15,7 @@ using Runner = std::function<int()>;
 using CommandAdder = void (*)(CLI::App& app, Runner& run);
 
 // Returns true so it can initialise a namespace-scope constant.
-bool register_command(CommandAdder adder);
+bool register_command(CommandAdder adder) noexcept;
 void add_registered_commands(CLI::App& app, Runner& run);
 
 }  // namespace ecx::cli

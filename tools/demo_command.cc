@@ -521,7 +521,7 @@ int run_demo(const DemoOptions& options) {
                {"producer_exit", producer_exit.value_or(-1)}};
   const bool passed = summary["requests_failed"] == 0 && summary["requests_ready"] == total && total > 0 &&
                       summary["leaked_pool_bytes"] == 0 && summary["checksum_mismatches"] == 0 &&
-                      summary["content_mismatches"] == 0 && summary["invariant_error"] == "" &&
+                      summary["content_mismatches"] == 0 && summary["invariant_error"].get<std::string>().empty() &&
                       consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
   const bool soak_run = o.duration_s > 0;
   json soak = evaluate_soak(samples, o);
@@ -550,8 +550,8 @@ int run_demo(const DemoOptions& options) {
       mark(summary["checksum_mismatches"] == 0));
   row("content mismatches", std::to_string(summary["content_mismatches"].get<std::uint64_t>()),
       mark(summary["content_mismatches"] == 0));
-  row("pool bookkeeping", summary["invariant_error"] == "" ? "consistent" : "INCONSISTENT",
-      mark(summary["invariant_error"] == ""));
+  const bool consistent = summary["invariant_error"].get<std::string>().empty();
+  row("pool bookkeeping", consistent ? "consistent" : "INCONSISTENT", mark(consistent));
   row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
   row("wall time", fmt::format("{:.1f} s", wall));
   if (soak_run) {

@@ -14,8 +14,8 @@ std::vector<CommandAdder>& adders() {
 }
 }  // namespace
 
-bool register_command(CommandAdder adder) {
-  adders().push_back(adder);
+bool register_command(CommandAdder adder) noexcept {
+  adders().push_back(adder);  // only out of memory at start-up could throw: terminating is right
   return true;
 }
 

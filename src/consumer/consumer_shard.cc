@@ -268,7 +268,7 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
     if (!s) return unavailable("shard is shutting down");
     return s->resolve(header, bytes);
   };
-  ucx.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, Status status) {
+  ucx.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, const Status& status) {
     if (auto s = weak.lock()) s->landed(header, status);
   };
   auto created = config.transport == "mooncake" ? create_mooncake_data_plane(config, state->clock)

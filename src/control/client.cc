@@ -100,7 +100,7 @@ struct ControlClient::State {
   void submit(std::string address, wire::RequestBody body, Duration timeout, ReplyCallback done);
   void fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
                FanOutCallback done);
-  void discover(std::string base, Duration timeout, TopologyCallback done, int attempt);
+  void discover(const std::string& base, Duration timeout, const TopologyCallback& done, int attempt);
 
   void run() noexcept;
   void loop();
@@ -251,7 +251,7 @@ void ControlClient::State::fan_out(std::vector<std::string> addresses, const wir
   }
 }
 
-void ControlClient::call_all_async(std::vector<std::string> addresses, wire::RequestBody body, Duration timeout,
+void ControlClient::call_all_async(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
                                    FanOutCallback done) {
   state_->fan_out(std::move(addresses), body, timeout, std::move(done));
 }
@@ -265,7 +265,8 @@ std::vector<Result<wire::Reply>> ControlClient::call_all(std::vector<std::string
   return future.get();
 }
 
-void ControlClient::State::discover(std::string base, Duration timeout, TopologyCallback done, int attempt) {
+void ControlClient::State::discover(const std::string& base, Duration timeout, const TopologyCallback& done,
+                                    int attempt) {
   auto endpoint = detail::parse_tcp_endpoint(base);
   if (!endpoint) {
     done(endpoint.status());
@@ -332,12 +333,12 @@ void ControlClient::State::discover(std::string base, Duration timeout, Topology
          });
 }
 
-void ControlClient::discover_async(std::string base, Duration timeout, TopologyCallback done) {
+void ControlClient::discover_async(const std::string& base, Duration timeout, const TopologyCallback& done) {
   if (auto cached = cached_topology(base)) {
     done(std::move(*cached));
     return;
   }
-  state_->discover(std::move(base), timeout, std::move(done), 1);
+  state_->discover(base, timeout, done, 1);
 }
 
 Result<Topology> ControlClient::discover(const std::string& base, Duration timeout) {

@@ -49,7 +49,7 @@ std::optional<Message> receive(zmq::socket_t& socket, std::size_t keep) {
     const bool more = part.more();
     if (message.parts.size() < keep) message.parts.push_back(std::move(part));
     if (!more) break;
-    part.rebuild();
+    part = zmq::message_t();
     // The remaining parts of a message are already queued: this never waits.
     if (!socket.recv(part, zmq::recv_flags::dontwait)) break;
   }

@@ -22,6 +22,7 @@ struct Registry {
 
   Registry() {
     sink->add_sink(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): ECX never modifies its environment.
     if (const char* env = std::getenv("ECX_LOG_LEVEL"); env != nullptr && *env != '\0') {
       if (auto parsed = parse_level(env)) {
         level = *parsed;

@@ -49,13 +49,13 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const Registry& regi
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> info(found, ::freeaddrinfo);
   const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return internal_error(fmt::format("metrics endpoint: socket(): {}", std::strerror(errno)));
+  if (fd < 0) return internal_error(fmt::format("metrics endpoint: socket(): {}", errno_text(errno)));
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd, info->ai_addr, info->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
     const int err = errno;
     ::close(fd);
-    return unavailable(fmt::format("metrics endpoint: cannot listen on {}:{}: {}", host, port, std::strerror(err)));
+    return unavailable(fmt::format("metrics endpoint: cannot listen on {}:{}: {}", host, port, errno_text(err)));
   }
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);

@@ -1,6 +1,7 @@
 #include "ecx/core/status.h"
 
 #include <array>
+#include <cstring>
 
 namespace ecx {
 namespace {
@@ -39,5 +40,11 @@ Status resource_exhausted(std::string message) { return {StatusCode::resource_ex
 Status cancelled(std::string message) { return {StatusCode::cancelled, std::move(message)}; }
 Status protocol_error(std::string message) { return {StatusCode::protocol, std::move(message)}; }
 Status internal_error(std::string message) { return {StatusCode::internal, std::move(message)}; }
+
+std::string errno_text(int err) {
+  std::array<char, 256> buffer{};
+  // glibc's GNU strerror_r: returns the message, in `buffer` or a static string.
+  return ::strerror_r(err, buffer.data(), buffer.size());
+}
 
 }  // namespace ecx

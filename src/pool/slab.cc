@@ -62,18 +62,18 @@ Result<Slab> Slab::allocate(MemoryKind kind, std::uint64_t size, const SlabOptio
   if (mapped == MAP_FAILED) {
     const int err = errno;
     slab.mapped_size_ = 0;
-    return resource_exhausted(fmt::format("mmap of {} bytes failed: {}", size, std::strerror(err)));
+    return resource_exhausted(fmt::format("mmap of {} bytes failed: {}", size, errno_text(err)));
   }
   slab.data_ = static_cast<std::byte*>(mapped);
   if (options.huge_pages) {
     slab.huge_pages_ = ::madvise(mapped, slab.mapped_size_, MADV_HUGEPAGE) == 0;
-    if (!slab.huge_pages_) log::get("pool")->debug("slab: transparent huge pages refused: {}", std::strerror(errno));
+    if (!slab.huge_pages_) log::get("pool")->debug("slab: transparent huge pages refused: {}", errno_text(errno));
   }
   if (options.lock) {
     if (::mlock(mapped, slab.mapped_size_) != 0) {
       const int err = errno;
       return resource_exhausted(fmt::format("mlock of {} bytes failed: {} (raise RLIMIT_MEMLOCK or set mlock=false)",
-                                            slab.mapped_size_, std::strerror(err)));
+                                            slab.mapped_size_, errno_text(err)));
     }
     slab.locked_ = true;
   }

@@ -567,7 +567,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       std::weak_ptr<State> weak = weak_from_this();
       const auto status = transport->send(
           *endpoint, header, staging_region, source->slot.offset, p.nbytes, clock->now() + config.push_wait_timeout(),
-          [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard](Status result) {
+          [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard](const Status& result) {
             if (auto s = weak.lock()) s->enqueue(PayloadResult{base, tid, shard, result});
           });
       if (!status) more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
@@ -622,7 +622,7 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {
     return unavailable("a producer does not accept payloads");
   };
-  ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, Status) {};
+  ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, const Status&) {};
   if (config.transport == "mooncake") {
     transport::MooncakeOptions mooncake;
     mooncake.library_path = config.mooncake_lib;
@@ -683,7 +683,7 @@ Status PushEngine::bind_source(std::string_view mm_hash, const void* data, std::
     auto allocated = s.staging_allocator->allocate(nbytes);
     if (!allocated) {
       s.count(&EngineCounters::staging_failures);
-      const auto status =
+      auto status =
           Status(allocated.status().code(),
                  fmt::format("staging pool ({} in use of {}): {}", format_bytes(s.staging_allocator->used_bytes()),
                              format_bytes(s.staging->size()), allocated.status().message()));

@@ -1,6 +1,7 @@
 #include "ecx/proxy/bench.h"
 
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <future>
 #include <thread>
@@ -127,7 +128,7 @@ http::Task<void> signal_when_done(std::shared_ptr<LoadState> state, std::promise
 double percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
-  const auto index = static_cast<std::size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
+  const auto index = static_cast<std::size_t>(std::llround(q * static_cast<double>(values.size() - 1)));
   return values[std::min(index, values.size() - 1)];
 }
 

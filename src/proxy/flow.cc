@@ -60,7 +60,7 @@ std::string sha256_hex(std::string_view data) {
   unsigned int length = 0;
   EVP_Digest(data.data(), data.size(), digest.data(), &length, EVP_sha256(), nullptr);
   std::string hex;
-  hex.reserve(length * 2);
+  hex.reserve(std::size_t{length} * 2);
   for (unsigned int i = 0; i < length; ++i) fmt::format_to(std::back_inserter(hex), "{:02x}", digest[i]);
   return hex;
 }

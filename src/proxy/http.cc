@@ -128,7 +128,7 @@ Task<void> WaitGroup::wait() {
 }
 
 void spawn(net::io_context& io, Task<void> task, std::string_view what) {
-  net::co_spawn(io, std::move(task), [what = std::string(what)](std::exception_ptr error) {
+  net::co_spawn(io, std::move(task), [what = std::string(what)](const std::exception_ptr& error) {
     if (!error) return;
     try {
       std::rethrow_exception(error);

@@ -91,7 +91,6 @@ bool transition_allowed(TransferState from, TransferState to) noexcept {
     case S::resident:
       return to == S::loading || to == S::expired;
     case S::unavailable:
-      return to == S::cancelled;
     case S::expired:
       return to == S::cancelled;
     case S::failed:

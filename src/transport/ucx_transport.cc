@@ -234,13 +234,13 @@ class UcxTransport final : public Transport {
     if (auto st = ucp_worker_get_efd(worker_, &ucx_fd_); st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-    if (wake_fd_ < 0 || epoll_fd_ < 0) return internal_error(fmt::format("eventfd/epoll: {}", std::strerror(errno)));
+    if (wake_fd_ < 0 || epoll_fd_ < 0) return internal_error(fmt::format("eventfd/epoll: {}", errno_text(errno)));
     for (const int fd : {ucx_fd_, wake_fd_}) {
       epoll_event event{};
       event.events = EPOLLIN;
       event.data.fd = fd;
       if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
-        return internal_error(fmt::format("epoll_ctl: {}", std::strerror(errno)));
+        return internal_error(fmt::format("epoll_ctl: {}", errno_text(errno)));
       }
     }
     thread_ = std::thread([this] { run(); });
@@ -917,13 +917,15 @@ class UcxTransport final : public Transport {
     auto found = endpoints_.find(id);
     if (found == endpoints_.end() || found->second->described) return;
     found->second->described = true;
+    // UCX prints only to a FILE*: an in-memory stream, freed right after (C
+    // resources, so no owner types).
     char* text = nullptr;
     std::size_t size = 0;
     if (FILE* stream = ::open_memstream(&text, &size)) {
       ucp_ep_print_info(found->second->ep, stream);
-      std::fclose(stream);
+      std::fclose(stream);  // NOLINT(cppcoreguidelines-owning-memory): fills text and size
       logger()->debug("endpoint to {}:\n{}", printable(found->second->peer), std::string(text, size));
-      std::free(text);
+      std::free(text);  // NOLINT(cppcoreguidelines-owning-memory,cppcoreguidelines-no-malloc): open_memstream's buffer
     }
   }
 

@@ -44,7 +44,7 @@ void put_reservation(Packer& pk, const ReservationId& id) {
   std::array<char, 16> bytes{};
   for (int i = 0; i < 8; ++i) {
     bytes[static_cast<std::size_t>(i)] = static_cast<char>((id.hi() >> (56 - 8 * i)) & 0xff);
-    bytes[static_cast<std::size_t>(8 + i)] = static_cast<char>((id.lo() >> (56 - 8 * i)) & 0xff);
+    bytes[8 + static_cast<std::size_t>(i)] = static_cast<char>((id.lo() >> (56 - 8 * i)) & 0xff);
   }
   put_bin(pk, std::string_view(bytes.data(), bytes.size()));
 }
@@ -441,11 +441,14 @@ class Fields {
 // Assigns the value of a Result expression to lhs, or returns its error.
 #define WIRE_CONCAT_INNER(a, b) a##b
 #define WIRE_CONCAT(a, b) WIRE_CONCAT_INNER(a, b)
+// (tmp is a name and lhs may be a declaration: neither can be parenthesized.)
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define WIRE_ASSIGN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                     \
   if (!tmp) return tmp.status();         \
   lhs = std::move(*tmp)
 #define WIRE_ASSIGN(lhs, expr) WIRE_ASSIGN_IMPL(WIRE_CONCAT(wire_result_, __LINE__), lhs, expr)
+// NOLINTEND(bugprone-macro-parentheses)
 
 constexpr std::uint64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
 
@@ -961,7 +964,7 @@ Result<DecodedRequest> decode_request(std::string_view frame, const Limits& limi
     return s;
   }
   ECX_RETURN_IF_ERROR(read_header(f, /*with_id=*/true, env));
-  auto malformed = [&](Status s) {
+  auto malformed = [&](const Status& s) {
     env->reason = RejectReason::malformed;
     return Status(StatusCode::protocol, s.message());
   };
@@ -996,7 +999,7 @@ Result<Reply> decode_reply(std::string_view frame, const Limits& limits, Envelop
     env->reason = RejectReason::malformed;
     return s;
   }
-  auto malformed = [&](Status s) {
+  auto malformed = [&](const Status& s) {
     env->reason = RejectReason::malformed;
     return Status(StatusCode::protocol, s.message());
   };
@@ -1046,7 +1049,7 @@ Result<Event> decode_event(std::string_view frame, const Limits& limits, Envelop
   static const std::array<std::string_view, 9> kNames = {"v",  "",      "sid",      "seq", "ts",
                                                          "ev", "shard", "instance", "body"};
   Fields<9> f(kNames, "event");
-  auto malformed = [&](Status s) {
+  auto malformed = [&](const Status& s) {
     env->reason = RejectReason::malformed;
     return Status(StatusCode::protocol, s.message());
   };

@@ -134,6 +134,7 @@ struct ConsumerSim::State {
   // By value: callers pass ids that live in the record this erases.
   // `ready_at`: when the engine found the items loaded (before the simulator's own
   // byte-for-byte check, which is no part of the time to ready); default now.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): see above
   void resolve(std::string id, bool ready, std::optional<TimePoint> ready_at = std::nullopt) {
     auto it = pending.find(id);
     if (it == pending.end()) return;

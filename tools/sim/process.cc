@@ -18,8 +18,6 @@
 
 #include <fmt/format.h>
 
-extern char** environ;
-
 namespace ecx::sim {
 
 std::string self_executable() {
@@ -51,17 +49,19 @@ int free_port_block(int count) {
 Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   if (argv.empty()) return invalid_argument("no program to run");
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return internal_error(fmt::format("pipe: {}", std::strerror(errno)));
+  if (::pipe2(fds, O_CLOEXEC) != 0) return internal_error(fmt::format("pipe: {}", errno_text(errno)));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_storage;
   for (char** e = environ; *e != nullptr; ++e) env_storage.emplace_back(*e);
   for (const auto& e : env) env_storage.push_back(e);
   std::vector<char*> envp;
+  envp.reserve(env_storage.size() + 1);
   for (auto& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
@@ -70,7 +70,7 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, c
   ::close(fds[1]);
   if (rc != 0) {
     ::close(fds[0]);
-    return internal_error(fmt::format("cannot start {}: {}", argv[0], std::strerror(rc)));
+    return internal_error(fmt::format("cannot start {}: {}", argv[0], errno_text(rc)));
   }
   return ChildProcess(pid, fds[0]);
 }

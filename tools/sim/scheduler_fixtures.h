@@ -55,7 +55,8 @@ inline std::string make_key(std::uint64_t space, int words, std::uint64_t index)
   std::string out(static_cast<std::size_t>(words) * 16, '0');
   for (int w = 0; w < words; ++w) {
     std::uint64_t v = mix(space * 4 + static_cast<std::uint64_t>(w));
-    for (int d = 0; d < 16; ++d, v >>= 4) out[static_cast<std::size_t>(w * 16 + d)] = kHexDigits[v & 15];
+    for (int d = 0; d < 16; ++d, v >>= 4)
+      out[static_cast<std::size_t>(w) * 16 + static_cast<std::size_t>(d)] = kHexDigits[v & 15];
   }
   set_tail(out, index);
   return out;

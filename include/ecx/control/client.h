@@ -97,7 +97,7 @@ class ControlClient {
   Result<wire::StatusReply> status(const std::string& address, std::string transfer_id, Duration timeout = Duration{0});
 
   // The same request to every address at once; results in address order.
-  void call_all_async(std::vector<std::string> addresses, wire::RequestBody body, Duration timeout,
+  void call_all_async(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
                       FanOutCallback done);
   std::vector<Result<wire::Reply>> call_all(std::vector<std::string> addresses, const wire::RequestBody& body,
                                             Duration timeout = Duration{0});
@@ -105,7 +105,7 @@ class ControlClient {
   // Asks `base` for its siblings, then every shard for its endpoints; all shards must
   // answer consistently. Two attempts; the result is cached only on success, so
   // an unconfirmed topology is never used. `timeout` bounds each request.
-  void discover_async(std::string base, Duration timeout, TopologyCallback done);
+  void discover_async(const std::string& base, Duration timeout, const TopologyCallback& done);
   Result<Topology> discover(const std::string& base, Duration timeout = Duration{0});
   std::optional<Topology> cached_topology(const std::string& base) const;
   // Drops the cached topology (e.g. after the consumer restarted).

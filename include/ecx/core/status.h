@@ -59,6 +59,9 @@ Status cancelled(std::string message);
 Status protocol_error(std::string message);
 Status internal_error(std::string message);
 
+// strerror(err) for messages, safe to call from any thread (std::strerror is not).
+std::string errno_text(int err);
+
 // A value or an error Status (never an ok Status).
 template <typename T>
 class [[nodiscard]] Result {

@@ -12,7 +12,7 @@ namespace {
 
 template <typename Fn>
 Status resolve(void* library, const std::string& path, const char* symbol, Fn*& out) {
-  ::dlerror();
+  ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps dlerror's state per thread
   void* address = ::dlsym(library, symbol);
   if (address == nullptr) {
     return not_found(fmt::format(
@@ -25,12 +25,12 @@ Status resolve(void* library, const std::string& path, const char* symbol, Fn*& 
 }
 
 Result<std::shared_ptr<const Api>> load_uncached(const std::string& path) {
-  ::dlerror();
+  ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps dlerror's state per thread
   // RTLD_LOCAL: Mooncake's own dependencies (glog, gflags, asio) stay out of the
   // global namespace.
   void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
-    const char* why = ::dlerror();
+    const char* why = ::dlerror();  // NOLINT(concurrency-mt-unsafe): per thread in glibc
     return not_found(
         fmt::format("cannot load the Mooncake transfer engine library '{}': {} (set the config key mooncake_lib or the "
                     "environment variable ECX_MOONCAKE_LIB to the path of libtransfer_engine.so)",

@@ -296,6 +296,7 @@ Status MooncakeTransport::send(EndpointHandle, std::span<const std::byte>, Regio
 std::string mooncake_library_path(std::string_view configured) {
   if (!configured.empty()) return std::string(configured);
   const std::string env_name(kMooncakeLibraryEnv);
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): ECX never modifies its environment.
   if (const char* env = std::getenv(env_name.c_str()); env != nullptr && *env != '\0') return env;
   return std::string(kMooncakeDefaultLibrary);
 }
