@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import socket
 import time
 from typing import Any
@@ -19,14 +20,26 @@ WIDTH = 64
 PD_CACHE_ROWS = 2048  # the PD instance's encoder cache, in rows of WIDTH
 
 
+def _ephemeral_port_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_range(count: int) -> int:
-    """A base port with `count` consecutive ports free on 127.0.0.1 (bind-probe)."""
+    """A base port with `count` consecutive ports free on 127.0.0.1 (bind-probe).
+
+    Below the ephemeral range when it leaves room: the instances' data planes listen
+    on port 0 and could otherwise take a port of the block before it is bound."""
+    low = 10000
+    high = _ephemeral_port_low() - count
+    if high <= low + 1000:
+        low, high = 1024, 65535 - count
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
+        base = rng.randrange(low, high)
         sockets = []
         try:
             for p in range(base, base + count):

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,10 +28,30 @@ std::string self_executable() {
   return std::string(path, static_cast<std::size_t>(n));
 }
 
+namespace {
+// The lowest port the kernel hands out for bind(0): a listener started with port 0
+// (UCX's data plane) can take any port from there up, including one probed free here
+// a moment earlier.
+int ephemeral_port_low() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  return range >> low >> high ? low : 32768;
+}
+}  // namespace
+
 int free_port_block(int count) {
+  // Below the ephemeral range when it leaves room (the usual 32768 does), so no
+  // port-0 listener of the processes under test can take the block meanwhile.
+  constexpr int kLow = 10000;
+  const int ephemeral = ephemeral_port_low();
+  const int high = ephemeral - count > kLow + 1000 ? ephemeral - count : 55000;
+  const auto span = static_cast<unsigned>(high - kLow);
   for (int attempt = 0; attempt < 200; ++attempt) {
     // Spread by pid so concurrent test processes start their search apart.
-    const int base = 20000 + static_cast<int>((static_cast<unsigned>(::getpid()) * 7919U + attempt * 104729U) % 35000U);
+    const int base =
+        kLow +
+        static_cast<int>((static_cast<unsigned>(::getpid()) * 7919U + static_cast<unsigned>(attempt) * 104729U) % span);
     bool ok = true;
     for (int p = base; p < base + count && ok; ++p) {
       const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
