@@ -337,24 +337,21 @@ void SchedulerCoordinator::note_borrow(const TransferRecord& used, std::string_v
   substitute_for_lender_.emplace(used.transfer_id(), Substitute{std::string(own_transfer_id), now});
   lender_of_substitute_.emplace(own_transfer_id, used.transfer_id());
   substitute_order_.emplace_back(now, used.transfer_id());
-  while (substitute_order_.size() > options_.max_notified_remembered) {
-    const auto& [since, lender_id] = substitute_order_.front();
-    if (auto it = substitute_for_lender_.find(lender_id);
-        it != substitute_for_lender_.end() && it->second.since == since)
-      forget_substitute(lender_id);
-    substitute_order_.pop_front();
-  }
+  while (substitute_order_.size() > options_.max_notified_remembered) forget_oldest_substitute();
 }
 
 void SchedulerCoordinator::expire_substitutes(TimePoint now) {
   while (!substitute_order_.empty() && substitute_order_.front().first + options_.table.reservation_ttl <= now) {
-    const auto& [since, lender_id] = substitute_order_.front();
-    // (An entry of a substitute forgotten meanwhile, or of a newer one for the same lender, is skipped.)
-    if (auto it = substitute_for_lender_.find(lender_id);
-        it != substitute_for_lender_.end() && it->second.since == since)
-      forget_substitute(lender_id);
-    substitute_order_.pop_front();
+    forget_oldest_substitute();
   }
+}
+
+void SchedulerCoordinator::forget_oldest_substitute() {
+  const auto& [since, lender_id] = substitute_order_.front();
+  // (An entry of a substitute forgotten meanwhile, or of a newer one for the same lender, is skipped.)
+  if (auto it = substitute_for_lender_.find(lender_id); it != substitute_for_lender_.end() && it->second.since == since)
+    forget_substitute(lender_id);
+  substitute_order_.pop_front();
 }
 
 void SchedulerCoordinator::count_on_copy(const std::string& request_id, const std::string& mm_hash) {

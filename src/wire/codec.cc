@@ -951,6 +951,15 @@ Reply make_reject_reply(std::uint64_t id, RejectReason reason, std::string messa
   return r;
 }
 
+// A frame that parsed but whose content is wrong: rejected as malformed, with a
+// protocol error that says why.
+namespace {
+Status malformed(Envelope* env, const Status& why) {
+  env->reason = RejectReason::malformed;
+  return Status(StatusCode::protocol, why.message());
+}
+}  // namespace
+
 Result<DecodedRequest> decode_request(std::string_view frame, const Limits& limits, Envelope* envelope) {
   Envelope local;
   Envelope* env = envelope ? envelope : &local;
@@ -959,18 +968,11 @@ Result<DecodedRequest> decode_request(std::string_view frame, const Limits& limi
   if (!handle) return handle.status();
   static const std::array<std::string_view, 8> kNames = {"v", "id", "sid", "seq", "ts", "op", "timeout_ms", "body"};
   Fields<8> f(kNames, "request");
-  if (Status s = f.read(handle->get(), StatusCode::protocol); !s) {
-    env->reason = RejectReason::malformed;
-    return s;
-  }
+  if (Status s = f.read(handle->get(), StatusCode::protocol); !s) return malformed(env, s);
   ECX_RETURN_IF_ERROR(read_header(f, /*with_id=*/true, env));
-  auto malformed = [&](const Status& s) {
-    env->reason = RejectReason::malformed;
-    return Status(StatusCode::protocol, s.message());
-  };
-  if (env->id == 0) return malformed(protocol_error("request.id must not be 0"));
+  if (env->id == 0) return malformed(env, protocol_error("request.id must not be 0"));
   auto op_text = f.str(5, 64);
-  if (!op_text) return malformed(op_text.status());
+  if (!op_text) return malformed(env, op_text.status());
   const auto op = parse_op(*op_text);
   if (!op) {
     env->reason = RejectReason::unknown_op;
@@ -979,10 +981,10 @@ Result<DecodedRequest> decode_request(std::string_view frame, const Limits& limi
   DecodedRequest out;
   out.request.id = env->id;
   auto timeout = f.u64_or(6, 0, kU32Max);
-  if (!timeout) return malformed(timeout.status());
+  if (!timeout) return malformed(env, timeout.status());
   out.request.timeout_ms = static_cast<std::uint32_t>(*timeout);
   auto body = read_request_body(*op, f.get(7), limits, out.item_errors);
-  if (!body) return malformed(body.status());
+  if (!body) return malformed(env, body.status());
   out.request.body = std::move(*body);
   return out;
 }
@@ -995,14 +997,7 @@ Result<Reply> decode_reply(std::string_view frame, const Limits& limits, Envelop
   if (!handle) return handle.status();
   static const std::array<std::string_view, 9> kNames = {"v", "id", "sid", "seq", "ts", "op", "ok", "body", "error"};
   Fields<9> f(kNames, "reply");
-  if (Status s = f.read(handle->get(), StatusCode::protocol); !s) {
-    env->reason = RejectReason::malformed;
-    return s;
-  }
-  auto malformed = [&](const Status& s) {
-    env->reason = RejectReason::malformed;
-    return Status(StatusCode::protocol, s.message());
-  };
+  if (Status s = f.read(handle->get(), StatusCode::protocol); !s) return malformed(env, s);
   if (Status s = read_header(f, /*with_id=*/true, env); !s) {
     // A version_mismatch answer from a peer of another version is still readable:
     // its envelope (v, id, ok, error) is the same in every version.
@@ -1012,25 +1007,25 @@ Result<Reply> decode_reply(std::string_view frame, const Limits& limits, Envelop
   Reply r;
   r.id = env->id;
   auto ok = f.boolean(6);
-  if (!ok) return malformed(ok.status());
+  if (!ok) return malformed(env, ok.status());
   auto op_text = f.str_or(5, 64);
-  if (!op_text) return malformed(op_text.status());
+  if (!op_text) return malformed(env, op_text.status());
   if (*ok) {
     const auto op = parse_op(*op_text);
-    if (!op) return malformed(protocol_error(fmt::format("reply.op '{}' is unknown", op_text->substr(0, 64))));
+    if (!op) return malformed(env, protocol_error(fmt::format("reply.op '{}' is unknown", op_text->substr(0, 64))));
     if (env->reason == RejectReason::version_mismatch)
-      return malformed(protocol_error("reply of an unsupported version"));
+      return malformed(env, protocol_error("reply of an unsupported version"));
     r.op = *op;
-    if (!f.has(7)) return malformed(f.missing(7));
+    if (!f.has(7)) return malformed(env, f.missing(7));
     auto body = read_reply_body(*op, *f.get(7), limits);
-    if (!body) return malformed(body.status());
+    if (!body) return malformed(env, body.status());
     r.body = std::move(*body);
     return r;
   }
   if (const auto op = parse_op(*op_text)) r.op = *op;
-  if (!f.has(8)) return malformed(f.missing(8));
+  if (!f.has(8)) return malformed(env, f.missing(8));
   auto error = read_error(*f.get(8), "reply.error", limits);
-  if (!error) return malformed(error.status());
+  if (!error) return malformed(env, error.status());
   r.status = error->status;
   r.reason = error->reason;
   r.peer_min_version = error->min_version;
@@ -1049,15 +1044,11 @@ Result<Event> decode_event(std::string_view frame, const Limits& limits, Envelop
   static const std::array<std::string_view, 9> kNames = {"v",  "",      "sid",      "seq", "ts",
                                                          "ev", "shard", "instance", "body"};
   Fields<9> f(kNames, "event");
-  auto malformed = [&](const Status& s) {
-    env->reason = RejectReason::malformed;
-    return Status(StatusCode::protocol, s.message());
-  };
-  if (Status s = f.read(handle->get(), StatusCode::protocol); !s) return malformed(s);
+  if (Status s = f.read(handle->get(), StatusCode::protocol); !s) return malformed(env, s);
   ECX_RETURN_IF_ERROR(read_header(f, /*with_id=*/false, env));
   Event e;
   auto kind_text = f.str(5, 64);
-  if (!kind_text) return malformed(kind_text.status());
+  if (!kind_text) return malformed(env, kind_text.status());
   const auto kind = parse_event_kind(*kind_text);
   if (!kind) {
     env->reason = RejectReason::unknown_op;
@@ -1065,43 +1056,43 @@ Result<Event> decode_event(std::string_view frame, const Limits& limits, Envelop
   }
   e.kind = *kind;
   auto shard = f.u64(6, kU32Max);
-  if (!shard) return malformed(shard.status());
+  if (!shard) return malformed(env, shard.status());
   e.shard = static_cast<std::uint32_t>(*shard);
   auto instance = f.str(7, limits.max_string_bytes);
-  if (!instance) return malformed(instance.status());
+  if (!instance) return malformed(env, instance.status());
   e.instance = std::string(*instance);
-  if (!f.has(8)) return malformed(f.missing(8));
+  if (!f.has(8)) return malformed(env, f.missing(8));
 
   static const std::array<std::string_view, 8> kBody = {"transfer_id", "mm_hash", "reservation_id", "generation",
                                                         "nbytes",      "shape",   "dtype",          "error"};
   Fields<8> b(kBody, "event.body");
-  if (Status s = b.read(*f.get(8), StatusCode::protocol); !s) return malformed(s);
+  if (Status s = b.read(*f.get(8), StatusCode::protocol); !s) return malformed(env, s);
   auto transfer_id = b.str(0, kMaxIdLength);
-  if (!transfer_id) return malformed(transfer_id.status());
-  if (Status s = validate_transfer_id(*transfer_id); !s) return malformed(s);
+  if (!transfer_id) return malformed(env, transfer_id.status());
+  if (Status s = validate_transfer_id(*transfer_id); !s) return malformed(env, s);
   e.transfer_id = std::string(*transfer_id);
   auto mm_hash = b.str(1, kMaxIdLength);
-  if (!mm_hash) return malformed(mm_hash.status());
+  if (!mm_hash) return malformed(env, mm_hash.status());
   // Abandoned and failed events may come from a tombstone that never learnt the hash.
   if (!mm_hash->empty() || e.kind == EventKind::ready) {
-    if (Status s = validate_mm_hash(*mm_hash); !s) return malformed(s);
+    if (Status s = validate_mm_hash(*mm_hash); !s) return malformed(env, s);
   }
   e.mm_hash = std::string(*mm_hash);
   auto rid = e.kind == EventKind::ready ? b.reservation(2) : b.reservation_or_none(2);
-  if (!rid) return malformed(rid.status());
+  if (!rid) return malformed(env, rid.status());
   e.reservation_id = *rid;
   if (e.kind == EventKind::ready) {
     auto generation = b.u64(3);
-    if (!generation) return malformed(generation.status());
+    if (!generation) return malformed(env, generation.status());
     e.generation = *generation;
     auto spec = read_spec(b, 4, 5, 6);
-    if (!spec) return malformed(spec.status());
+    if (!spec) return malformed(env, spec.status());
     e.spec = std::move(*spec);
   }
   if (e.kind == EventKind::failed) {
-    if (!b.has(7)) return malformed(b.missing(7));
+    if (!b.has(7)) return malformed(env, b.missing(7));
     auto error = read_error(*b.get(7), "event.body.error", limits);
-    if (!error) return malformed(error.status());
+    if (!error) return malformed(env, error.status());
     e.error = error->status;
   }
   return e;

@@ -105,7 +105,7 @@ def _serve(engine, inbox, outbox, on_stop) -> None:
         elif message[0] == "batch":
             staged.extend(make_request(*entry) for entry in message[1])
         elif message[0] == "probe":
-            outbox.put(("probe", {"evicted_and_reallocated": getattr(engine, "evicted_and_reallocated", 0)}))
+            outbox.put(("probe", {"evicted_and_reallocated": engine.evicted_and_reallocated}))
         elif message[0] == "stop":
             stopping = True
 
@@ -182,7 +182,6 @@ def pd_main(port: int, inbox, outbox) -> None:
             "counters": counters,
             "stats": stats,
             "local_encodes": [w.local_encodes for w in engine.workers],
-            "evicted_and_reallocated": engine.evicted_and_reallocated,
         }
 
     _serve(engine, inbox, outbox, on_stop)

@@ -190,13 +190,13 @@ def test_e_pd_cluster_delivers_every_embedding_bit_exact(cluster):
     fill_rows = epd_cluster.PD_CACHE_ROWS // 8
     filler = {"id": "evict-filler", "items": [sized_image(f"evict-fill-{k}", fill_rows) for k in range(8)]}
     again = {"id": "evict-again", "items": [x]}
-    batch: list[tuple] = []
+    reported: dict[str, list[dict]] = {}
     run_encoder_legs(
         [filler, again], consumer_zmq, boxes, deadline, processes,
-        lambda r, ec_items: batch.append((r["id"], r["items"], {"ec_items": ec_items})),
+        lambda r, ec_items: reported.__setitem__(r["id"], ec_items),
     )
     # In this order, admitted together once the connector has both requests' inputs.
-    batch.sort(key=lambda b: b[0] != filler["id"])
+    batch = [(r["id"], r["items"], {"ec_items": reported[r["id"]]}) for r in (filler, again)]
     pd_in.put(("probe",))
     before = recv(pd_out, deadline, processes)
     pd_in.put(("batch", batch))

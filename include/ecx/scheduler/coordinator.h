@@ -117,8 +117,8 @@ class SchedulerCoordinator {
   std::size_t pending_remote_cancels() const noexcept { return pending_cancels_.size(); }
   const CoordinatorOptions& options() const noexcept { return options_; }
   // How much per-request and per-copy state the coordinator holds. Once every
-  // request finished, every load was reported and the engine freed its entries,
-  // all of it is zero except what is bounded by design (substitutes, remembered ids).
+  // request finished, every load was reported, the engine freed its entries and the
+  // reservation TTL passed (substitutes last that long), all of it is zero.
   struct Bookkeeping {
     std::size_t requests_counting_on_copies = 0;
     std::size_t counted_on_copies = 0;
@@ -255,6 +255,7 @@ class SchedulerCoordinator {
   StringMap<std::string> lender_of_substitute_;
   std::deque<std::pair<TimePoint, std::string>> substitute_order_;  // (since, lender id), oldest first
   void expire_substitutes(TimePoint now);
+  void forget_oldest_substitute();
   // Transfers whose naming request is done with them (bounded, oldest forgotten): a
   // request served by one of these owes nothing to a request that has finished.
   RecentIds released_own_;

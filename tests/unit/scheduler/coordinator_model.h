@@ -103,12 +103,8 @@ class CoordinatorModel {
   // One traced operation: the time, the operation, the live records, the engine's
   // cache and the loads in flight after it.
   std::string describe(const std::string& op) const {
-    std::string out = "@" + std::to_string(duration_to_seconds(clock_->now().time_since_epoch())) + "s: " + op + " |";
-    coordinator_->table().for_each_record([&](const TransferRecord& r) {
-      if (!is_terminal(r.state()))
-        out += " " + r.transfer_id() + "/" + r.mm_hash() + "=" + std::string(transfer_state_name(r.state()));
-    });
-    out += " | engine:";
+    std::string out = "@" + std::to_string(duration_to_seconds(clock_->now().time_since_epoch())) + "s: " + op + " |" +
+                      records_text(/*live_only=*/true) + " | engine:";
     for (const auto& h : engine_cache_) out += " " + h;
     out += " | loading:";
     for (const auto& h : in_flight_) out += " " + h;
@@ -160,14 +156,21 @@ class CoordinatorModel {
         {"push bindings", b.push_bindings},
     };
     for (const auto& [what, n] : left) {
-      if (n == 0) continue;
-      std::string records;
-      coordinator_->table().for_each_record([&](const TransferRecord& r) {
-        records += " " + r.transfer_id() + "=" + std::string(transfer_state_name(r.state()));
-      });
-      return std::to_string(n) + " " + what + " left after every request finished (records:" + records + ")";
+      if (n != 0)
+        return std::to_string(n) + " " + what +
+               " left after every request finished (records:" + records_text(/*live_only=*/false) + ")";
     }
     return {};
+  }
+
+  // " id/hash=STATE" for each record (tombstones too unless `live_only`).
+  std::string records_text(bool live_only) const {
+    std::string out;
+    coordinator_->table().for_each_record([&](const TransferRecord& r) {
+      if (!live_only || !is_terminal(r.state()))
+        out += " " + r.transfer_id() + "/" + r.mm_hash() + "=" + std::string(transfer_state_name(r.state()));
+    });
+    return out;
   }
 
  private:
@@ -234,7 +237,6 @@ class CoordinatorModel {
   }
 
   void ensure_one(ModelRequest& r) {
-    const TimePoint now = clock_->now();
     r.admitted = coordinator_->ensure_cache_available(r.view, 0) || r.admitted;
     if (r.admitted || !r.view.ec_transfer_params) return;
     for (std::size_t i = 0; i < r.view.mm_features.size(); ++i) {
@@ -248,7 +250,6 @@ class CoordinatorModel {
         }
       }
     }
-    (void)now;
   }
 
   std::string ensure() {
