@@ -6,7 +6,7 @@ CMAKE_ARGS ?=
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all bootstrap configure build test demo lint format asan asan-unit tsan nocuda bench fuzz install clean
+.PHONY: all bootstrap configure build check-deps test demo lint format asan asan-unit tsan nocuda bench fuzz install clean
 
 all: build
 
@@ -19,7 +19,12 @@ configure: bootstrap
 build: configure
 	@cmake --build --preset default -j $(JOBS)
 
-test: build
+# Fails, naming the package, when the build or the tests use a Debian package that
+# scripts/packages.txt neither lists nor pulls in (a fresh Debian 12 would not have it).
+check-deps: build
+	@scripts/check-deps build --python $(PYTHON)
+
+test: check-deps
 	ctest --preset default -j $(JOBS)
 	PYTHONPATH=$(CURDIR)/build/python ECX_BUILD_DIR=$(CURDIR)/build $(PYTHON) -m pytest -q -p no:cacheprovider tests/python $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory asan-unit

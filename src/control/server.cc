@@ -302,10 +302,11 @@ bool ControlServer::State::flush_events() {
     wire::encode_event(event, stamp ? &*stamp : nullptr, scratch);
     std::optional<wire::Mac> mac;
     if (security.enabled()) mac = security.authenticator->sign(wire::FrameKind::event, scratch);
-    if (detail::send_frames(push, nullptr, scratch, mac ? &*mac : nullptr)) {
-      events_sent.add();
-      continue;
-    }
+    // Counted before it leaves: whoever receives the event may read the counter at
+    // once, and must find it counted. A send that fails takes the count back.
+    events_sent.add();
+    if (detail::send_frames(push, nullptr, scratch, mac ? &*mac : nullptr)) continue;
+    events_sent.take_back();
     // No connected puller, or its queue is full: keep the event, unless the queue
     // filled up meanwhile, in which case this (the oldest) one is the one dropped.
     std::lock_guard lock(events_mutex);

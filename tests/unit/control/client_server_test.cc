@@ -147,7 +147,9 @@ TEST(ControlDeadlines, LostReplyTimesOutAndTheSocketStaysUsable) {
   const std::string address = router.get(zmq::sockopt::last_endpoint);
   auto client = testing::must(ControlClient::create(ClientOptions{}));
 
-  auto lost = client->call(address, wire::StatusRequest{"first"}, 150ms);
+  // Long enough for a loaded machine to send it (a request not sent by its deadline
+  // is never sent), short enough to wait out.
+  auto lost = client->call(address, wire::StatusRequest{"first"}, 1s);
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
   ASSERT_EQ(zmq::poll(&item, 1, 5000ms), 1);
   std::vector<zmq::message_t> first;
@@ -241,7 +243,7 @@ TEST(ControlDiscovery, FindsEveryShardAndCachesOnSuccessOnly) {
   // Shard 1 gone: discovery fails after two attempts and nothing is cached.
   client->forget_topology(base);
   shards[1].reset();
-  auto missing = client->discover(base, 150ms);
+  auto missing = client->discover(base, 1s);  // shard 0 must still answer in time
   EXPECT_EQ(missing.status().code(), StatusCode::unavailable);
   EXPECT_NE(missing.status().message().find("shard 1"), std::string::npos) << missing.status().message();
   EXPECT_FALSE(client->cached_topology(base).has_value());
@@ -255,16 +257,20 @@ TEST(ControlFanOut, EveryShardAnswersConcurrentlyAndFailuresStayPerShard) {
   auto client = testing::must(ControlClient::create(ClientOptions{}));
   std::vector<std::string> addresses;
   for (const auto& s : shards) addresses.push_back(local(s->port()));
+  // Two shards gone: asked one after the other they would cost two deadlines. The
+  // deadline is one a loaded 2-core machine meets for the live shard's reply.
   shards[1].reset();
+  shards[2].reset();
+  constexpr auto kDeadline = 2s;
   const auto start = std::chrono::steady_clock::now();
-  auto results = client->call_all(addresses, wire::StatusRequest{"t-1"}, 200ms);
+  auto results = client->call_all(addresses, wire::StatusRequest{"t-1"}, kDeadline);
   const auto elapsed = std::chrono::steady_clock::now() - start;
   ASSERT_EQ(results.size(), 3u);
-  EXPECT_TRUE(results[0].is_ok() && results[0]->ok());
+  EXPECT_TRUE(results[0].is_ok() && results[0]->ok()) << results[0].status().to_string();
   EXPECT_EQ(results[1].status().code(), StatusCode::timeout);
-  EXPECT_TRUE(results[2].is_ok() && results[2]->ok());
-  // Concurrent, not one after the other: one deadline, not three (generous bound).
-  EXPECT_LT(elapsed, 2s);
+  EXPECT_EQ(results[2].status().code(), StatusCode::timeout);
+  // Concurrent, not one after the other: one deadline, not two.
+  EXPECT_LT(elapsed, kDeadline * 7 / 4);
 }
 
 TEST(ControlTick, TheSweepRunsEveryIntervalOfTheInjectedClock) {
