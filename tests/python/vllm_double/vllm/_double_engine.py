@@ -59,14 +59,17 @@ class VllmProfile:
     output_rank_only: bool = False
     # The scheduler polls take_unavailable_requests and fails what it returns.
     polls_unavailable: bool = True
+    # An encoder-only step (a role that is not a consumer) returns an output without
+    # the ECConnectorOutput it built (MRv1's make_empty_encoder_model_runner_output).
+    encoder_output_dropped: bool = False
 
 
 PROFILES = {
     p.name: p
     for p in (
-        VllmProfile("6adad087-mrv1", False, False, True, False),
+        VllmProfile("6adad087-mrv1", False, False, True, False, True),
         VllmProfile("6adad087-mrv2", False, False, True, False),
-        VllmProfile("7cfb97e3-mrv1", False, False, False, False),
+        VllmProfile("7cfb97e3-mrv1", False, False, False, False, True),
         VllmProfile("7cfb97e3-mrv2", True, True, False, False),
         VllmProfile("newer", True, True, False, True),
     )
@@ -281,6 +284,8 @@ class WorkerDouble:
             worker_meta = c.build_connector_worker_meta() if self.profile.worker_meta else None
             c.clear_connector_metadata()
         output = ECConnectorOutput(sending, recving, worker_meta)
+        if not c.is_consumer and self.profile.encoder_output_dropped:
+            output = ECConnectorOutput()
         return pickle.dumps(WorkerStepResult(output, gathered))
 
 
