@@ -307,13 +307,14 @@ class ECXConnector(ECConnectorBase):
         # What this vLLM does is learnt from what it calls, never from its version:
         # loads start synchronous (they work whatever the model runner does) and
         # become asynchronous once a worker report shows the connector runs on
-        # steps without tokens; a push that cannot arrive falls back to local
-        # encoding until vLLM is seen to poll take_unavailable_requests.
+        # steps without tokens; a request ECX cannot serve is failed through
+        # take_unavailable_requests, unless a whole engine step passed without vLLM
+        # polling it: then it is encoded locally instead.
         self._pending_saves = False
         if self._config.is_consumer:
             self._scheduler.set_asynchronous_loads(False)
-            self._scheduler.set_unavailable_reaches_engine(False)
         self._unavailable_polled = False
+        self._steps_planned = 0
 
     def _init_worker(self, vllm_config: Any) -> None:
         self._device_config = getattr(vllm_config, "device_config", None)
@@ -332,7 +333,7 @@ class ECXConnector(ECConnectorBase):
         # pending-saves state reported through finished_recving.
         self._worker_meta_seen = False
         self._ran_without_tokens = False
-        self._reported_pending: bool | None = None
+        self._reported_pending = False  # the scheduler side starts at False too
         # Started here, not lazily: a consumer's shards must listen before the first
         # request reaches this instance, because its pushes arrive first.
         self._worker = _core.WorkerCoordinator(self._config)
@@ -375,6 +376,12 @@ class ECXConnector(ECConnectorBase):
         freed = [str(h) for h in (getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())]
         preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         no_tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
+        self._steps_planned += 1
+        if self._steps_planned == 2 and not self._unavailable_polled:
+            logger.info(
+                "ECX: vLLM does not poll take_unavailable_requests; items ECX cannot deliver are encoded locally"
+            )
+            self._scheduler.set_unavailable_reaches_engine(False)
         return ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -443,8 +450,8 @@ class ECXConnector(ECConnectorBase):
         if self._scheduler is None or self._closed:
             return set()
         if not self._unavailable_polled:
-            # vLLM fails what this returns: from now on a push that cannot arrive
-            # fails its request (retryably) instead of being encoded locally.
+            # vLLM fails what this returns: a request ECX cannot serve fails
+            # (retryably) instead of being encoded locally.
             self._unavailable_polled = True
             self._scheduler.set_unavailable_reaches_engine(True)
         return set(self._scheduler.take_unavailable_requests())

@@ -511,7 +511,7 @@ void SchedulerCoordinator::note_awaiting_push(std::string_view mm_hash, std::str
 }
 
 bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, std::int64_t num_computed_tokens) {
-  if (report_malformed(request)) return false;
+  if (report_malformed(request)) return !options_.unavailable_reaches_engine && release_malformed(request);
   if (options_.is_producer) {
     for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
       if (!request.mm_features[i].computed_by(num_computed_tokens)) prepare_push(request, i);
@@ -571,6 +571,31 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
   return all_ready;
 }
 
+bool SchedulerCoordinator::release_malformed(const RequestView& request) {
+  // Malformed ec_transfer_params name no transfer ECX can use; without an engine that
+  // fails the request, the engine encodes its items itself (or, without media, the
+  // request is reported).
+  const bool has_media = std::all_of(request.mm_features.begin(), request.mm_features.end(),
+                                     [](const MmFeature& f) { return f.has_media; });
+  if (!fallen_back_.insert(request.request_id + "\nmalformed", options_.max_notified_remembered)) return has_media;
+  if (has_media) {
+    stats_.local_fallbacks += request.mm_features.size();
+    unreachable_items("encoded_locally").inc(request.mm_features.size());
+    logger()->warn(
+        "EC request {} with malformed ec_transfer_params is encoded locally: this vLLM never fails requests "
+        "through take_unavailable_requests",
+        shorten(request.request_id));
+    return true;
+  }
+  stats_.stranded_items += request.mm_features.size();
+  unreachable_items("stranded").inc(request.mm_features.size());
+  logger()->error(
+      "EC request {} with malformed ec_transfer_params carries no media to encode locally; this vLLM never "
+      "fails requests through take_unavailable_requests, so it stays waiting: abort it",
+      shorten(request.request_id));
+  return false;
+}
+
 bool SchedulerCoordinator::release_unreachable(const RequestView& request, std::size_t index,
                                                std::string_view waiting_id) {
   const TransferRecord* r = table_.find(waiting_id);
@@ -614,8 +639,7 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
   if (options_.is_consumer) {
     allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
     if (claimed_this_step_.contains(feature.identifier) &&
-        !table_.has_state(feature.identifier, {TransferState::loading, TransferState::ready}) &&
-        !request.has_malformed_params()) {
+        !table_.has_state(feature.identifier, {TransferState::loading, TransferState::ready})) {
       load_at_alloc(request, index);
     }
   }

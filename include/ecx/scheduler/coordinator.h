@@ -216,6 +216,9 @@ class SchedulerCoordinator {
   // Unavailable channel absent: whether item `index`, waiting for `waiting_id`, is
   // let through to be encoded locally because its push cannot arrive any more.
   bool release_unreachable(const RequestView& request, std::size_t index, std::string_view waiting_id);
+  // Unavailable channel absent: whether a request with malformed params is let
+  // through to be encoded locally (every item carries its media).
+  bool release_malformed(const RequestView& request);
   void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);

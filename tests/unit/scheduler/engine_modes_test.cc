@@ -161,6 +161,21 @@ TEST(NoUnavailableChannel, WithTheChannelTheRequestFailsInstead) {
   EXPECT_EQ(h.coordinator.stats().local_fallbacks, 0u);
 }
 
+TEST(NoUnavailableChannel, MalformedParamsAreEncodedLocallyInsteadOfHeldForGood) {
+  Harness h(unpolled_options());
+  RequestView r = request("bad", {"h0", "h1"}, {});
+  r.set_ec_transfer_params_text(R"({"ec_items": "not-a-list"})");
+  ASSERT_TRUE(r.has_malformed_params());
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_EQ(h.coordinator.stats().local_fallbacks, 2u);  // both items, counted once
+  r.mm_features[1].has_media = false;
+  RequestView stranded = r;
+  stranded.request_id = "bad-no-media";
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(stranded, 0));
+  EXPECT_EQ(h.coordinator.stats().stranded_items, 2u);
+}
+
 // ------------------------------------------------------------------ shutdown
 
 TEST(BoundedShutdown, CloseAbandonsAnUnansweredCancelAtOnce) {
