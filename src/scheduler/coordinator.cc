@@ -638,7 +638,10 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
   local_cache_.insert(feature.identifier);
   if (options_.is_consumer) {
     allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
-    if (claimed_this_step_.contains(feature.identifier) &&
+    // Synchronous loads only: with asynchronous ones the gate passed because the
+    // item is loaded already (a request admitted in synchronous mode whose
+    // allocation did not fit is gated again, and loads there).
+    if (!options_.asynchronous_loads && claimed_this_step_.contains(feature.identifier) &&
         !table_.has_state(feature.identifier, {TransferState::loading, TransferState::ready})) {
       load_at_alloc(request, index);
     }
