@@ -638,10 +638,9 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
   local_cache_.insert(feature.identifier);
   if (options_.is_consumer) {
     allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
-    // Synchronous loads only: with asynchronous ones the gate passed because the
-    // item is loaded already (a request admitted in synchronous mode whose
-    // allocation did not fit is gated again, and loads there).
-    if (!options_.asynchronous_loads && claimed_this_step_.contains(feature.identifier) &&
+    // Asynchronous loads reach this too: a gate that passed on the engine's own copy
+    // (a snapshot) finds the entry evicted by the time the engine allocates it.
+    if (claimed_this_step_.contains(feature.identifier) &&
         !table_.has_state(feature.identifier, {TransferState::loading, TransferState::ready})) {
       load_at_alloc(request, index);
     }

@@ -47,9 +47,11 @@ def workload(seed: int = 7) -> list[dict]:
             kind = "absent"
         picks: list[int] = []
         while len(picks) < count:
-            # Requests without routing get images of their own, so that what the PD
-            # instance encodes itself is never mistaken for a delivery (or vice versa).
-            if kind != "absent" and rng.random() < 0.4:
+            # Requests without (usable) routing get images of their own, so that what
+            # the PD instance encodes itself is never mistaken for a delivery (or vice
+            # versa): on a vLLM that never polls take_unavailable_requests, malformed
+            # requests are encoded locally too.
+            if kind == "normal" and rng.random() < 0.4:
                 k = rng.choice(popular)
             else:
                 k, next_unique = next_unique, next_unique + 1

@@ -73,6 +73,22 @@ TEST(SynchronousLoads, ASecondRequestForAHashLoadingThisStepNeedsNoLoadOfItsOwn)
   EXPECT_EQ(h.step().loads.size(), 1u);
 }
 
+TEST(AsynchronousLoads, AnEntryEvictedAfterTheGateSawItInTheEngineCacheIsLoadedAtAllocation) {
+  Harness h;
+  auto first = request("first", {"h"}, {});  // the engine encoded "h" itself
+  h.coordinator.update_state_after_alloc(first, 0);
+  h.step();
+  auto r = request("r1", {"h"}, {"t"});
+  h.events->ready("t", "h");
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));  // a local hit, a snapshot
+  h.step(StepView{{"h"}, {}});                              // the engine evicts it
+  EXPECT_TRUE(h.coordinator.has_cache_item("h"));           // so it asks: an external load now
+  h.coordinator.update_state_after_alloc(r, 0);
+  auto meta = h.step();
+  ASSERT_EQ(meta.loads.size(), 1u);  // without it the engine would miss the entry
+  EXPECT_EQ(meta.loads[0].transfer_id, "t");
+}
+
 TEST(AsynchronousLoads, PendingWorkLastsOnlyUntilTheGateLoadIsReported) {
   Harness h;  // asynchronous (the default)
   auto r = request("r1", {"h"}, {"t"});
