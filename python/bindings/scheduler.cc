@@ -27,11 +27,12 @@ using scheduler::SchedulerCoordinator;
 
 constexpr std::uint64_t kAnySize = std::numeric_limits<std::uint64_t>::max();
 
-// (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype])
+// (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype][, has_media])
 MmFeature feature_from(const py::handle& item) {
   auto t = py::reinterpret_borrow<py::tuple>(item);
-  if (t.size() != 5 && t.size() != 7) {
-    throw py::value_error("a feature is (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype])");
+  if (t.size() < 5 || t.size() > 8) {
+    throw py::value_error(
+        "a feature is (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype][, has_media])");
   }
   MmFeature f;
   f.identifier = t[0].cast<std::string>();
@@ -39,9 +40,10 @@ MmFeature feature_from(const py::handle& item) {
   f.offset = t[2].cast<std::int64_t>();
   f.length = t[3].cast<std::int64_t>();
   f.num_encoder_embeds = t[4].cast<std::int64_t>();
-  if (t.size() == 7 && !t[5].is_none()) {
+  if (t.size() >= 7 && !t[5].is_none()) {
     f.output_spec = make_spec(t[5].cast<std::vector<std::int64_t>>(), t[6].cast<std::string>(), kAnySize);
   }
+  if (t.size() == 6 || t.size() == 8) f.has_media = t[t.size() - 1].cast<bool>();
   return f;
 }
 
@@ -81,6 +83,11 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
   d["cancels_failed"] = s.cancels_failed;
   d["cancels_dropped"] = s.cancels_dropped;
   d["cancels_local_only"] = s.cancels_local_only;
+  d["cancels_abandoned"] = s.cancels_abandoned;
+  d["alloc_loads"] = s.alloc_loads;
+  d["alloc_load_misses"] = s.alloc_load_misses;
+  d["local_fallbacks"] = s.local_fallbacks;
+  d["stranded_items"] = s.stranded_items;
   return d;
 }
 
@@ -133,7 +140,8 @@ void register_scheduler(py::module_& m) {
              return v;
            }),
            py::arg("request_id"), py::arg("features"), py::arg("ec_transfer_params_json") = std::nullopt,
-           "features: (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype]) per item; "
+           "features: (identifier, modality, offset, length, num_encoder_embeds[, shape, dtype][, has_media]) per "
+           "item; "
            "ec_transfer_params_json: the request's ec_transfer_params as JSON text (None = absent).")
       .def_readonly("request_id", &RequestView::request_id)
       .def_property_readonly("num_features", [](const RequestView& v) { return v.mm_features.size(); })
@@ -183,6 +191,17 @@ void register_scheduler(py::module_& m) {
           "Returns (delay_free, params as JSON text or None).")
       .def("take_unavailable_requests", [](PyScheduler& s) { return s.impl().take_unavailable_requests(); })
       .def("has_pending_push_work", [](PyScheduler& s) { return s.open() && s.impl().has_pending_push_work(); })
+      .def(
+          "set_asynchronous_loads", [](PyScheduler& s, bool on) { s.impl().set_asynchronous_loads(on); }, py::arg("on"),
+          "True: the gate starts loads and waits for the workers' reports (the engine runs the connector on steps "
+          "without tokens and reports every step). False: landed items pass the gate and load in the step that "
+          "allocates them.")
+      .def(
+          "set_unavailable_reaches_engine",
+          [](PyScheduler& s, bool on) { s.impl().set_unavailable_reaches_engine(on); }, py::arg("on"),
+          "Whether the engine fails the requests take_unavailable_requests returns; without it an item whose push "
+          "cannot arrive is encoded locally when the request carries its media.")
+      .def_property_readonly("asynchronous_loads", [](PyScheduler& s) { return s.impl().options().asynchronous_loads; })
       .def("stats", [](PyScheduler& s) { return stats_to_python(s.impl().stats()); })
       .def_property_readonly("closed", [](const PyScheduler& s) { return !s.open(); })
       .def("close", &PyScheduler::close, "Joins the cancel executor, closes the sockets. Idempotent.");

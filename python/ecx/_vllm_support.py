@@ -147,6 +147,10 @@ def build_request_view(request: Any) -> _core.RequestView:
                 int(position.offset),
                 int(position.length),
                 num_encoder_embeds(request, i),
+                # The engine can encode the item itself only while the request carries
+                # its media (vLLM's feature data; EngineCore refills it from its
+                # receiver cache, so it is None only where no copy is left).
+                getattr(feature, "data", None) is not None,
             )
         )
     params = request_ec_transfer_params(request)

@@ -122,11 +122,15 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     # this connector loaded: each worker puts its tensor back.
     retained: list[str] = field(default_factory=list)
     store_candidates: list[ECXStoreCandidate] = field(default_factory=list)
+    # The step schedules no tokens: a worker that runs the connector anyway says so
+    # in its report (how the scheduler side learns that asynchronous loads work).
+    no_tokens: bool = False
 
     @classmethod
-    def from_core(cls, planned: tuple) -> "ECXConnectorMetadata":
+    def from_core(cls, planned: tuple, no_tokens: bool = False) -> "ECXConnectorMetadata":
         freed, orphans, candidates, pushes, loads, retained = planned
         return cls(
+            no_tokens=no_tokens,
             loads=[ECXLoadItem(h, t, list(s), d, bool(local)) for h, t, s, d, local in loads],
             pushes=[ECXPushItem(h, t, list(s), d, z, r) for h, t, s, d, z, r in pushes],
             freed=list(freed),
@@ -145,6 +149,7 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
     reclaimed: set[str] = field(default_factory=set)  # resident copies this rank dropped
     pending_saves: bool = False  # producer I/O still in flight
     failed_saves: set[str] = field(default_factory=set)  # request ids whose push failed
+    ran_without_tokens: bool = False  # this worker ran the connector on a step without tokens
 
     def aggregate(self, other: ECConnectorWorkerMetadata) -> "ECXWorkerMetadata":
         """Every rank gathers from its own cache, so `loaded` is the intersection and a
@@ -158,12 +163,69 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
             reclaimed=self.reclaimed | other.reclaimed,
             pending_saves=self.pending_saves or other.pending_saves,
             failed_saves=self.failed_saves | other.failed_saves,
+            ran_without_tokens=self.ran_without_tokens and other.ran_without_tokens,
         )
 
     @classmethod
-    def from_core(cls, report: tuple) -> "ECXWorkerMetadata":
+    def from_core(cls, report: tuple, ran_without_tokens: bool = False) -> "ECXWorkerMetadata":
         loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
-        return cls(set(loaded), set(failed_loads), set(reclaimed), bool(pending_saves), set(failed_saves))
+        return cls(
+            set(loaded), set(failed_loads), set(reclaimed), bool(pending_saves), set(failed_saves), ran_without_tokens
+        )
+
+
+# vLLM without worker metadata (before #49585, or a model runner that does not ask
+# for it) still hands the scheduler side get_finished's finished_recving set. Until
+# the worker sees build_connector_worker_meta called, its report travels there, one
+# string per fact. Across TP ranks the set is a union (or rank 0's alone): a hash
+# counts as loaded when some rank loaded it and no rank failed it.
+_RECV_LOADED = "ecx.loaded:"
+_RECV_FAILED_LOAD = "ecx.failed_load:"
+_RECV_RECLAIMED = "ecx.reclaimed:"
+_RECV_FAILED_SAVE = "ecx.failed_save:"
+_RECV_PENDING_SAVES = "ecx.pending_saves:"
+
+
+def report_to_finished_recving(report: tuple, pending_changed: bool) -> set[str]:
+    """A core worker report as finished_recving entries (see above)."""
+    loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
+    out = {_RECV_LOADED + h for h in loaded}
+    out |= {_RECV_FAILED_LOAD + h for h in failed_loads}
+    out |= {_RECV_RECLAIMED + h for h in reclaimed}
+    out |= {_RECV_FAILED_SAVE + r for r in failed_saves}
+    if pending_changed:
+        out.add(_RECV_PENDING_SAVES + ("1" if pending_saves else "0"))
+    return out
+
+
+def report_from_finished_recving(entries: Any) -> tuple[ECXWorkerMetadata | None, bool | None]:
+    """(the report in a finished_recving set or None when it holds none of ECX's
+    entries, pending_saves or None when no entry states it: the caller keeps the last
+    stated value)."""
+    meta = ECXWorkerMetadata()
+    found = False
+    pending: bool | None = None
+    for entry in entries or ():
+        if not isinstance(entry, str):
+            continue
+        for prefix, target in (
+            (_RECV_LOADED, meta.loaded),
+            (_RECV_FAILED_LOAD, meta.failed_loads),
+            (_RECV_RECLAIMED, meta.reclaimed),
+            (_RECV_FAILED_SAVE, meta.failed_saves),
+        ):
+            if entry.startswith(prefix):
+                target.add(entry[len(prefix) :])
+                found = True
+                break
+        else:
+            if entry.startswith(_RECV_PENDING_SAVES):
+                pending = entry.endswith("1")
+                found = True
+    if not found:
+        return None, None
+    meta.loaded -= meta.failed_loads
+    return meta, pending
 
 
 # ------------------------------------------------------------------ helpers
@@ -191,6 +253,10 @@ def _is_role(role: Any, name: str) -> bool:
 
 class ECXConnector(ECConnectorBase):
     """vLLM EC connector backed by the ECX engine (see the module docstring)."""
+
+    # The scheduler side's clock: None = the steady clock; tests set an
+    # ecx._core.ManualClock to move deadlines without waiting for them.
+    scheduler_clock: Any = None
 
     def __init__(self, vllm_config: Any, role: Any):
         super().__init__(vllm_config=vllm_config, role=role)
@@ -233,9 +299,22 @@ class ECXConnector(ECConnectorBase):
                 "ECX cannot tell the encoder output width from the model config; pushes fail until "
                 "ec_connector_extra_config.encoder_output_width is set"
             )
-        self._scheduler = _core.SchedulerCoordinator(self._config, model_dtype_name(vllm_config), width)
+        self._scheduler = _core.SchedulerCoordinator(
+            self._config, model_dtype_name(vllm_config), width, type(self).scheduler_clock
+        )
         self._views = RequestViews()
         self._metadata = PlaceholderMetadataResolver(getattr(vllm_config, "model_config", None))
+        # What this vLLM does is learnt from what it calls, never from its version:
+        # loads start synchronous (they work whatever the model runner does) and
+        # become asynchronous once a worker report shows the connector runs on
+        # steps without tokens; a request ECX cannot serve is failed through
+        # take_unavailable_requests, unless a whole engine step passed without vLLM
+        # polling it: then it is encoded locally instead.
+        self._pending_saves = False
+        if self._config.is_consumer:
+            self._scheduler.set_asynchronous_loads(False)
+        self._unavailable_polled = False
+        self._steps_planned = 0
 
     def _init_worker(self, vllm_config: Any) -> None:
         self._device_config = getattr(vllm_config, "device_config", None)
@@ -249,6 +328,12 @@ class ECXConnector(ECConnectorBase):
         # Consumer: the tensors this rank loaded into the encoder cache, until a step
         # frees them (see start_load_caches).
         self._loaded_tensors: dict[str, Any] = {}
+        # Whether vLLM asks for worker metadata (else reports go in finished_recving),
+        # whether it ran the connector on a step without tokens, and the last
+        # pending-saves state reported through finished_recving.
+        self._worker_meta_seen = False
+        self._ran_without_tokens = False
+        self._reported_pending = False  # the scheduler side starts at False too
         # Started here, not lazily: a consumer's shards must listen before the first
         # request reaches this instance, because its pushes arrive first.
         self._worker = _core.WorkerCoordinator(self._config)
@@ -290,17 +375,49 @@ class ECXConnector(ECConnectorBase):
             return ECXConnectorMetadata()
         freed = [str(h) for h in (getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())]
         preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
-        return ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted))
+        no_tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
+        self._steps_planned += 1
+        if self._steps_planned == 2 and not self._unavailable_polled:
+            logger.info(
+                "ECX: vLLM does not poll take_unavailable_requests; items ECX cannot deliver are encoded locally"
+            )
+            self._scheduler.set_unavailable_reaches_engine(False)
+        return ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
 
     def update_connector_output(self, connector_output: Any) -> None:
+        """Worker reports arrive as worker metadata where vLLM has it, else in
+        finished_recving (see report_to_finished_recving); a step may carry both."""
         if self._scheduler is None or self._closed:
             return
+        reports = []
         meta = getattr(connector_output, "ec_connector_worker_meta", None)
-        if not isinstance(meta, ECXWorkerMetadata):
+        if isinstance(meta, ECXWorkerMetadata):
+            reports.append(meta)
+            self._pending_saves = meta.pending_saves
+            if meta.ran_without_tokens and self._config.is_consumer and not self._scheduler.asynchronous_loads:
+                logger.info(
+                    "ECX: vLLM runs the EC connector on steps without tokens and reports worker metadata; "
+                    "loads are asynchronous from now on"
+                )
+                self._scheduler.set_asynchronous_loads(True)
+        recving, pending = report_from_finished_recving(getattr(connector_output, "finished_recving", None))
+        if recving is not None:
+            reports.append(recving)
+            if pending is not None:
+                self._pending_saves = pending
+        if not reports:
             return
+        loaded: set[str] = set()
+        failed: set[str] = set()
+        reclaimed: set[str] = set()
+        failed_saves: set[str] = set()
+        for report in reports:
+            loaded |= report.loaded
+            failed |= report.failed_loads
+            reclaimed |= report.reclaimed
+            failed_saves |= report.failed_saves
         self._scheduler.update_connector_output(
-            sorted(meta.loaded), sorted(meta.failed_loads), sorted(meta.reclaimed), meta.pending_saves,
-            sorted(meta.failed_saves),
+            sorted(loaded - failed), sorted(failed), sorted(reclaimed), self._pending_saves, sorted(failed_saves)
         )
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
@@ -332,6 +449,11 @@ class ECXConnector(ECConnectorBase):
     def take_unavailable_requests(self) -> set[str]:
         if self._scheduler is None or self._closed:
             return set()
+        if not self._unavailable_polled:
+            # vLLM fails what this returns: a request ECX cannot serve fails
+            # (retryably) instead of being encoded locally.
+            self._unavailable_polled = True
+            self._scheduler.set_unavailable_reaches_engine(True)
         return set(self._scheduler.take_unavailable_requests())
 
     def has_pending_push_work(self) -> bool:
@@ -369,6 +491,8 @@ class ECXConnector(ECConnectorBase):
         meta = self._bound_metadata()
         if meta is None:
             return
+        if meta.no_tokens:
+            self._ran_without_tokens = True
         # vLLM dropped this step's freed entries before calling us. Those it also
         # allocated again in this step (retained) get back the tensor this rank
         # loaded (kept below), so nothing is copied or transferred again.
@@ -470,13 +594,26 @@ class ECXConnector(ECConnectorBase):
                         del self._awaiting_source[mm_hash]
         if finished_req_ids:
             self._worker.get_finished(sorted(str(r) for r in finished_req_ids))
-        return None, None
+        if self._worker_meta_seen:
+            return None, None
+        # No worker metadata seen (yet): this step's report goes in finished_recving.
+        report = self._worker.build_worker_meta()
+        if report is None:
+            return None, None
+        pending = bool(report[3])
+        recving = report_to_finished_recving(report, pending_changed=pending != self._reported_pending)
+        self._reported_pending = pending
+        return None, (recving or None)
 
     def build_connector_worker_meta(self) -> ECXWorkerMetadata | None:
         if self._worker is None or self._closed:
             return None
+        self._worker_meta_seen = True
+        meta = self._bound_metadata()
+        if meta is not None and meta.no_tokens:
+            self._ran_without_tokens = True
         report = self._worker.build_worker_meta()
-        return None if report is None else ECXWorkerMetadata.from_core(report)
+        return None if report is None else ECXWorkerMetadata.from_core(report, self._ran_without_tokens)
 
     # ---------------------------------------------------------------- both
 

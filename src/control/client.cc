@@ -80,6 +80,7 @@ struct ControlClient::State {
   std::atomic<std::uint64_t> next_id{1};
   std::atomic<std::size_t> admitted{0};  // calls accepted and not yet completed
   std::atomic<bool> stopping{false};
+  std::mutex close_mutex;  // one joiner of `thread`
   std::mutex submit_mutex;
   std::vector<Submission> submissions;  // guarded by submit_mutex; bounded by max_in_flight
   bool closed = false;                  // guarded by submit_mutex: no submission is taken any more
@@ -134,7 +135,10 @@ Result<std::unique_ptr<ControlClient>> ControlClient::create(ClientOptions optio
 
 ControlClient::ControlClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
-ControlClient::~ControlClient() {
+ControlClient::~ControlClient() { close(); }
+
+void ControlClient::close() {
+  std::lock_guard lock(state_->close_mutex);
   state_->stopping.store(true, std::memory_order_release);
   state_->wakeup.notify();
   if (state_->thread.joinable()) state_->thread.join();

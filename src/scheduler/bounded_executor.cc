@@ -27,7 +27,7 @@ bool BoundedExecutor::try_submit(std::function<void()> task) {
   return true;
 }
 
-std::size_t BoundedExecutor::close() {
+std::size_t BoundedExecutor::close(const std::function<void()>& before_join) {
   std::vector<std::thread> threads;
   std::size_t dropped = 0;
   {
@@ -38,6 +38,7 @@ std::size_t BoundedExecutor::close() {
     threads.swap(threads_);
   }
   wake_.notify_all();
+  if (before_join) before_join();
   for (auto& t : threads) t.join();
   return dropped;
 }

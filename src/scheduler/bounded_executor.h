@@ -24,9 +24,10 @@ class BoundedExecutor {
 
   // False when the queue is full or the executor is closed; never blocks.
   bool try_submit(std::function<void()> task);
-  // Stops accepting work, drops queued tasks (returns how many) and joins the
-  // threads once their running tasks finish. Idempotent.
-  std::size_t close();
+  // Stops accepting work, drops queued tasks (returns how many), runs
+  // `before_join` (e.g. to make running tasks give up) and joins the threads once
+  // their running tasks finish. Idempotent.
+  std::size_t close(const std::function<void()>& before_join = nullptr);
   std::size_t queued() const;
 
  private:

@@ -9,6 +9,7 @@
 
 #include "ecx/core/ids.h"
 #include "ecx/core/logging.h"
+#include "ecx/core/metrics.h"
 #include "scheduler/bounded_executor.h"
 
 namespace ecx::scheduler {
@@ -22,6 +23,15 @@ std::shared_ptr<spdlog::logger> logger() {
 }
 
 std::string_view shorten(std::string_view id, std::size_t n = 64) { return id.substr(0, n); }
+
+// Process-wide (ecx.metrics_snapshot(), Prometheus text): items whose push can no
+// longer arrive on an engine that never fails requests through take_unavailable_requests.
+metrics::Counter& unreachable_items(std::string_view outcome) {
+  return metrics::Registry::global().counter(
+      "scheduler_unreachable_items_total",
+      "EC items whose push cannot arrive, on a vLLM that never polls take_unavailable_requests, by outcome",
+      {{"outcome", std::string(outcome)}});
+}
 
 // Collaborator calls may be adapters over code that throws; nothing may escape
 // an executor thread, so every call is converted into a value.
@@ -86,17 +96,41 @@ SchedulerCoordinator::~SchedulerCoordinator() { close(); }
 void SchedulerCoordinator::close() {
   if (closed_) return;
   closed_ = true;
-  const std::size_t dropped = executor_->close();
-  if (dropped > 0) {
-    stats_.cancels_dropped += dropped;
-    logger()->warn("EC scheduler closing: {} queued reservation cancels were not sent (their leases expire them)",
-                   dropped);
+  std::size_t running = 0;
+  for (const auto& t : pending_cancels_) running += t->done.load(std::memory_order_acquire) ? 0 : 1;
+  // Closing the control collaborator before the join ends the calls in flight at
+  // once (as cancelled): shutdown never waits out a control deadline on a shard
+  // that is gone or does not answer.
+  const std::size_t dropped = executor_->close([this] {
+    if (control_) control_->close();
+  });
+  std::size_t abandoned = 0;
+  std::erase_if(pending_cancels_, [&](const std::shared_ptr<CancelTicket>& t) {
+    if (!t->done.load(std::memory_order_acquire)) return true;  // its task was dropped: counted in `dropped`
+    if (t->status) {
+      ++stats_.cancels_succeeded;
+    } else {
+      ++abandoned;
+    }
+    return true;
+  });
+  stats_.cancels_dropped += dropped;
+  stats_.cancels_abandoned += abandoned;
+  if (dropped > 0 || abandoned > 0) {
+    logger()->warn(
+        "EC scheduler closing: {} queued reservation cancels were not sent and {} of {} in flight were abandoned; "
+        "the consumers' leases (reservation_ttl_s) expire them",
+        dropped, abandoned, running);
   }
-  poll_pending_cancels();
-  // Tickets whose task was dropped never complete; their outcome is the line above.
-  pending_cancels_.clear();
   if (events_) events_->close();
-  if (control_) control_->close();
+}
+
+bool SchedulerCoordinator::has_pending_push_work() const noexcept {
+  if (closed_) return false;
+  if (pending_saves_) return true;
+  if (!options_.asynchronous_loads) return false;
+  return std::any_of(gate_loads_.begin(), gate_loads_.end(),
+                     [this](const std::string& h) { return table_.has_state(h, {TransferState::loading}); });
 }
 
 // ---------------------------------------------------------------- draining
@@ -457,7 +491,10 @@ void SchedulerCoordinator::prepare_push(const RequestView& request, std::size_t 
 bool SchedulerCoordinator::has_cache_item(std::string_view identifier) {
   if (!options_.is_consumer) return false;
   drain(clock_->now());
-  return table_.has_state(identifier, {TransferState::ready, TransferState::resident, TransferState::available});
+  const bool have =
+      table_.has_state(identifier, {TransferState::ready, TransferState::resident, TransferState::available});
+  if (have) claimed_this_step_.emplace(identifier);
+  return have;
 }
 
 void SchedulerCoordinator::note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
@@ -474,7 +511,7 @@ void SchedulerCoordinator::note_awaiting_push(std::string_view mm_hash, std::str
 }
 
 bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, std::int64_t num_computed_tokens) {
-  if (report_malformed(request)) return false;
+  if (report_malformed(request)) return !options_.unavailable_reaches_engine && release_malformed(request);
   if (options_.is_producer) {
     for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
       if (!request.mm_features[i].computed_by(num_computed_tokens)) prepare_push(request, i);
@@ -503,13 +540,19 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
     }
     if (table_.has_state(mm_hash, {TransferState::loading})) {
       count_on_copy(request.request_id, mm_hash);
-      all_ready = false;
+      // Synchronous loads: dispatched in a step already planned, so the copy is in
+      // the workers' caches before any later step runs.
+      if (options_.asynchronous_loads) all_ready = false;
       continue;
+    }
+    if (!options_.asynchronous_loads &&
+        table_.has_state(mm_hash, {TransferState::available, TransferState::resident})) {
+      continue;  // landed: loaded in the step that allocates it (update_state_after_alloc)
     }
     if (const TransferRecord* used =
             table_.begin_load(mm_hash, transfer_id, request.request_id, now, now + options_.push_wait_timeout)) {
       if (transfer_id) note_borrow(*used, *transfer_id, now);
-      pending_work_ = true;
+      gate_loads_.insert(mm_hash);
       count_on_copy(request.request_id, mm_hash);
       all_ready = false;
       continue;
@@ -522,9 +565,67 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
       waiting_id = substitute->second.transfer_id;
     }
     note_awaiting_push(mm_hash, waiting_id, !transfer_id, request.request_id, now);
+    if (!options_.unavailable_reaches_engine && release_unreachable(request, i, waiting_id)) continue;
     all_ready = false;
   }
   return all_ready;
+}
+
+bool SchedulerCoordinator::release_malformed(const RequestView& request) {
+  // Malformed ec_transfer_params name no transfer ECX can use; without an engine that
+  // fails the request, the engine encodes its items itself (or, without media, the
+  // request is reported).
+  const bool has_media = std::all_of(request.mm_features.begin(), request.mm_features.end(),
+                                     [](const MmFeature& f) { return f.has_media; });
+  if (!fallen_back_.insert(request.request_id + "\nmalformed", options_.max_notified_remembered)) return has_media;
+  if (has_media) {
+    stats_.local_fallbacks += request.mm_features.size();
+    unreachable_items("encoded_locally").inc(request.mm_features.size());
+    logger()->warn(
+        "EC request {} with malformed ec_transfer_params is encoded locally: this vLLM never fails requests "
+        "through take_unavailable_requests",
+        shorten(request.request_id));
+    return true;
+  }
+  stats_.stranded_items += request.mm_features.size();
+  unreachable_items("stranded").inc(request.mm_features.size());
+  logger()->error(
+      "EC request {} with malformed ec_transfer_params carries no media to encode locally; this vLLM never "
+      "fails requests through take_unavailable_requests, so it stays waiting: abort it",
+      shorten(request.request_id));
+  return false;
+}
+
+bool SchedulerCoordinator::release_unreachable(const RequestView& request, std::size_t index,
+                                               std::string_view waiting_id) {
+  const TransferRecord* r = table_.find(waiting_id);
+  if (r == nullptr || !is_terminal(r->state())) return false;
+  // The push can no longer arrive and the engine never asks which requests to fail:
+  // holding the request would hold it for good.
+  const MmFeature& feature = request.mm_features[index];
+  const bool first =
+      fallen_back_.insert(fmt::format("{}\n{}", request.request_id, index), options_.max_notified_remembered);
+  if (feature.has_media) {
+    if (first) {
+      ++stats_.local_fallbacks;
+      unreachable_items("encoded_locally").inc();
+      logger()->warn(
+          "EC transfer_id={} for mm_hash={} of request {} cannot arrive ({}); this vLLM never fails requests through "
+          "take_unavailable_requests, so the item is encoded locally",
+          shorten(waiting_id), shorten(feature.identifier), shorten(request.request_id),
+          transfer_state_name(r->state()));
+    }
+    return true;
+  }
+  if (first) {
+    ++stats_.stranded_items;
+    unreachable_items("stranded").inc();
+    logger()->error(
+        "EC transfer_id={} for mm_hash={} of request {} cannot arrive ({}) and the request carries no media to encode "
+        "locally; this vLLM never fails requests through take_unavailable_requests, so it stays waiting: abort it",
+        shorten(waiting_id), shorten(feature.identifier), shorten(request.request_id), transfer_state_name(r->state()));
+  }
+  return false;
 }
 
 void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, std::size_t index) {
@@ -535,7 +636,15 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
   }
   const MmFeature& feature = request.mm_features[index];
   local_cache_.insert(feature.identifier);
-  if (options_.is_consumer) allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
+  if (options_.is_consumer) {
+    allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
+    // Asynchronous loads reach this too: a gate that passed on the engine's own copy
+    // (a snapshot) finds the entry evicted by the time the engine allocates it.
+    if (claimed_this_step_.contains(feature.identifier) &&
+        !table_.has_state(feature.identifier, {TransferState::loading, TransferState::ready})) {
+      load_at_alloc(request, index);
+    }
+  }
   if (auto it = copies_counted_on_.find(request.request_id); it != copies_counted_on_.end()) {
     if (std::erase(it->second, feature.identifier) != 0) stop_counting_on_copy(feature.identifier);
     if (it->second.empty()) copies_counted_on_.erase(it);
@@ -547,6 +656,27 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
       store_candidates_.emplace_back(request.request_id, StoreCandidate{feature.identifier, *spec});
     }
   }
+}
+
+void SchedulerCoordinator::load_at_alloc(const RequestView& request, std::size_t index) {
+  // The engine allocated a landed item as an external load and runs it in this step:
+  // its copy is dispatched with this step's plan.
+  const TimePoint now = clock_->now();
+  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const MmFeature& feature = request.mm_features[index];
+  const auto transfer_id = resolve_transfer_id(params, index, feature.identifier);
+  if (const TransferRecord* used = table_.begin_load(feature.identifier, transfer_id, request.request_id, now,
+                                                     now + options_.push_wait_timeout)) {
+    if (transfer_id) note_borrow(*used, *transfer_id, now);
+    ++stats_.alloc_loads;
+    return;
+  }
+  ++stats_.alloc_load_misses;
+  logger()->error(
+      "EC mm_hash={} of request {} was allocated as an external load but nothing is left to load; failing "
+      "the request",
+      shorten(feature.identifier), shorten(request.request_id));
+  mark_request_unavailable(request.request_id);
 }
 
 void SchedulerCoordinator::update_state_after_free(const RequestView& request, std::size_t index) {
@@ -601,6 +731,8 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
     meta.freed.push_back(h);
   }
   allocated_this_step_.clear();
+  claimed_this_step_.clear();
+  std::erase_if(gate_loads_, [&](const std::string& h) { return !table_.has_state(h, {TransferState::loading}); });
   for (auto& h : extra_freed_) {
     if (local_cache_.contains(h) || copy_counts_.contains(h)) continue;
     table_.release_ready(h, now);
@@ -650,7 +782,7 @@ void SchedulerCoordinator::update_connector_output(const WorkerOutput& output) {
     unowned_loads_.erase(h);
   }
   for (const auto& h : output.reclaimed) table_.reclaim(h, now);
-  pending_work_ = output.pending_saves;
+  pending_saves_ = output.pending_saves;
   failed_saves_.insert(output.failed_saves.begin(), output.failed_saves.end());
 }
 

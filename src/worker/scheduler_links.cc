@@ -70,7 +70,8 @@ class ClientConsumerControl final : public scheduler::ConsumerControl {
     if (!reply) return reply.status();
     return reply->cancelled;
   }
-  void close() override {}
+  // Shutdown: the calls in flight (a shard that is gone answers nothing) end now.
+  void close() override { client_->close(); }
 
  private:
   std::shared_ptr<control::ControlClient> client_;

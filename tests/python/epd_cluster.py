@@ -136,12 +136,18 @@ def _serve(engine, inbox, outbox, on_stop) -> None:
     outbox.put(("stopping", on_stop()))
 
 
-def encoder_main(port: int, inbox, outbox) -> None:
-    """The encoder instance (ec_producer, TP = 1)."""
+def encoder_main(port: int, inbox, outbox, profile: str = "newer") -> None:
+    """The encoder instance (ec_producer, TP = 1), driven as vLLM build `profile` does."""
     os.environ["UCX_TLS"] = "tcp"
     from vllm._double_engine import EngineDouble
 
-    engine = EngineDouble(vllm_config("ec_producer", port, 1), encode_only=True, cache_rows=2048)
+    engine = EngineDouble(
+        vllm_config("ec_producer", port, 1),
+        encode_only=True,
+        cache_rows=2048,
+        profile=profile,
+        call_start_save_caches=profile == "newer",
+    )
     outbox.put(("ready", None))
 
     def on_stop() -> dict[str, Any]:
@@ -154,15 +160,18 @@ def encoder_main(port: int, inbox, outbox) -> None:
     _serve(engine, inbox, outbox, on_stop)
 
 
-def pd_main(port: int, inbox, outbox) -> None:
-    """The PD instance (ec_consumer, TP = 2: two workers with their own caches)."""
+def pd_main(port: int, inbox, outbox, profile: str = "newer") -> None:
+    """The PD instance (ec_consumer, TP = 2: two workers with their own caches),
+    driven as vLLM build `profile` does."""
     os.environ["UCX_TLS"] = "tcp"
     from vllm._double_engine import EngineDouble
 
     # A small encoder cache, like the producer's: entries are evicted all the time,
     # and some are evicted and allocated again in one step (the connector restores
     # what the workers dropped).
-    engine = EngineDouble(vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=PD_CACHE_ROWS)
+    engine = EngineDouble(
+        vllm_config("ec_consumer", port, 2), encode_only=False, cache_rows=PD_CACHE_ROWS, profile=profile
+    )
     outbox.put(("ready", engine.workers[0].connector._config.control_address(0)))
 
     def on_stop() -> dict[str, Any]:

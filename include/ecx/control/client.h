@@ -78,6 +78,9 @@ class ControlClient {
   static Result<std::unique_ptr<ControlClient>> create(ClientOptions options);
   // Stops the I/O thread; calls still pending complete with `cancelled`.
   ~ControlClient();
+  // The same, before destruction: every call in flight completes at once with
+  // `cancelled` and later calls are refused. Idempotent; not from a callback.
+  void close();
   ControlClient(const ControlClient&) = delete;
   ControlClient& operator=(const ControlClient&) = delete;
 

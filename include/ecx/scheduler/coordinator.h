@@ -51,6 +51,20 @@ struct CoordinatorOptions {
   std::size_t max_notified_remembered = 65'536;  // requests remembered as already failed
   Duration drain_min_interval = std::chrono::milliseconds(5);
   int cancel_attempts = 2;  // topology confirmations, and cancel rounds
+  // Asynchronous loads: the load gate (ensure_cache_available) starts a load as soon
+  // as an item landed and defers the request until the workers report it in their
+  // encoder caches. That needs an engine whose workers run the connector on steps
+  // with no scheduled tokens and report back every step. Synchronous loads: an item
+  // passes the gate once it landed in the consumer pool; its load is dispatched in
+  // the step that allocates it (update_state_after_alloc) and completes in that
+  // step's start_load_caches. The connector starts synchronous and switches once
+  // the engine shows it can do asynchronous loads (set_asynchronous_loads).
+  bool asynchronous_loads = true;
+  // Whether the engine polls take_unavailable_requests and fails what it returns.
+  // When it does not, an item whose push can no longer arrive is released to the
+  // engine to encode locally (when the request carries its media) instead of
+  // holding the request for good.
+  bool unavailable_reaches_engine = true;
 
   // From the ECX configuration; `model_dtype` and `model_hidden_width` come from
   // the engine's model config (encoder_output_width, when set, wins).
@@ -76,6 +90,14 @@ struct CoordinatorStats {
   std::uint64_t cancels_failed = 0;
   std::uint64_t cancels_dropped = 0;     // executor full or closed
   std::uint64_t cancels_local_only = 0;  // names no consumer knows, or no control client
+  std::uint64_t cancels_abandoned = 0;   // still in flight at close; their leases expire them
+  std::uint64_t alloc_loads = 0;         // loads dispatched by update_state_after_alloc
+  std::uint64_t alloc_load_misses = 0;   // allocated as external, but nothing left to load
+  // Items whose push can no longer arrive, on an engine that never fails requests
+  // through take_unavailable_requests: released to be encoded locally, or (no media)
+  // held and reported.
+  std::uint64_t local_fallbacks = 0;
+  std::uint64_t stranded_items = 0;
 };
 
 class SchedulerCoordinator {
@@ -105,10 +127,16 @@ class SchedulerCoordinator {
   FinishedResult request_finished(const RequestView& request);
   // Requests whose encoder inputs cannot be had; each request is returned once.
   std::vector<std::string> take_unavailable_requests();
-  bool has_pending_push_work() const noexcept { return pending_work_; }
-  // Joins the executor (queued cancels are dropped; running ones end within the
-  // control client's deadline), then closes the event source and control client.
-  // Idempotent.
+  // True only while a step would do connector work: producer pushes still in
+  // flight (as the workers last reported), or asynchronous loads not reported yet.
+  bool has_pending_push_work() const noexcept;
+  // See CoordinatorOptions::asynchronous_loads / unavailable_reaches_engine.
+  void set_asynchronous_loads(bool on) noexcept { options_.asynchronous_loads = on; }
+  void set_unavailable_reaches_engine(bool on) noexcept { options_.unavailable_reaches_engine = on; }
+  // Drops queued cancels, closes the control collaborator (calls in flight end at
+  // once as cancelled), joins the executor, then closes the event source. Bounded by
+  // the executor's threads noticing the closed client, not by control deadlines.
+  // Logs what it abandoned. Idempotent.
   void close();
 
   // --- observation
@@ -184,6 +212,13 @@ class SchedulerCoordinator {
   void note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
                           std::string_view request_id, TimePoint now);
   void prepare_push(const RequestView& request, std::size_t index);
+  void load_at_alloc(const RequestView& request, std::size_t index);
+  // Unavailable channel absent: whether item `index`, waiting for `waiting_id`, is
+  // let through to be encoded locally because its push cannot arrive any more.
+  bool release_unreachable(const RequestView& request, std::size_t index, std::string_view waiting_id);
+  // Unavailable channel absent: whether a request with malformed params is let
+  // through to be encoded locally (every item carries its media).
+  bool release_malformed(const RequestView& request);
   void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
   bool report_malformed(const RequestView& request);
   void mark_request_unavailable(std::string_view request_id);
@@ -273,7 +308,15 @@ class SchedulerCoordinator {
   RecentIds notified_;
 
   std::uint64_t unresolved_warnings_ = 0;
-  bool pending_work_ = false;
+  bool pending_saves_ = false;
+  // Hashes has_cache_item answered true for since the last step boundary: the
+  // engine allocates them as external loads.
+  StringSet claimed_this_step_;
+  // Hashes whose load the gate started (asynchronous loads), until reported.
+  StringSet gate_loads_;
+  // "<request id>\n<index>" of items released to local encoding (or reported
+  // stranded), so each is counted and logged once.
+  RecentIds fallen_back_;
 };
 
 }  // namespace ecx::scheduler

@@ -23,6 +23,8 @@ struct MmFeature {
   // Exact output spec when the caller knows it; otherwise a producer derives
   // [num_encoder_embeds, encoder width] in the model dtype.
   std::optional<TensorSpec> output_spec;
+  // The request still carries the item's media (the engine can encode it itself).
+  bool has_media = true;
 
   // True when the prompt tokens already computed cover this item completely.
   bool computed_by(std::int64_t num_computed_tokens) const noexcept { return offset + length <= num_computed_tokens; }

@@ -93,10 +93,14 @@ class FakeConsumerControl final : public ConsumerControl {
   Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) override {
     std::unique_lock lock(mutex_);
     record_thread();
-    // A gated call waits (bounded) until the test opens the gate.
-    changed_.wait_for(lock, std::chrono::seconds(10), [&] { return !gated; });
+    // A gated call waits (bounded) until the test opens the gate, or the control
+    // client is closed (then it ends at once, cancelled, like a real one).
+    ++started_cancel_calls;
+    changed_.notify_all();
+    changed_.wait_for(lock, std::chrono::seconds(10), [&] { return !gated || closed; });
     cancel_calls.emplace_back(shard_address, transfer_id);
     Result<bool> out = true;
+    if (gated && closed) out = cancelled("the control client is shutting down");
     if (auto it = cancel_failures.find(shard_address); it != cancel_failures.end() && it->second > 0) {
       --it->second;
       out = timeout_error("control request timed out");
@@ -108,6 +112,11 @@ class FakeConsumerControl final : public ConsumerControl {
   void close() override {
     std::lock_guard lock(mutex_);
     closed = true;
+    changed_.notify_all();
+  }
+  bool wait_started_cancels(std::size_t n, std::chrono::seconds limit = std::chrono::seconds(10)) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, limit, [&] { return started_cancel_calls >= n; });
   }
 
   // Waits (bounded) until `n` cancel RPCs finished; false on the deadline.
@@ -136,6 +145,7 @@ class FakeConsumerControl final : public ConsumerControl {
   int discover_failures = 0;
   std::vector<std::pair<std::string, std::string>> cancel_calls;
   std::size_t finished_cancel_calls = 0;
+  std::size_t started_cancel_calls = 0;
   std::map<std::string, int> cancel_failures;
   std::set<std::thread::id> threads;
   bool gated = false;

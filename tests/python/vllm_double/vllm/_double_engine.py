@@ -15,6 +15,11 @@ step follows vllm-ec-api.md §3:
   scheduler: update_connector_output -> update_state_after_free -> request_finished ->
              free; take_unavailable_requests; has_requests() or has_pending_push_work()
 
+What differs between vLLM builds and model runners is a VllmProfile (see
+PROFILES): whether the workers run the connector on steps that schedule no tokens,
+whether they ask for worker metadata, whether only rank 0's output reaches the
+scheduler, and whether the scheduler polls take_unavailable_requests.
+
 "Encoding" is deterministic in the identifier (and the row count), so any process
 can tell whether the bytes in an encoder cache are exactly what the encoder made.
 A prompt is only its multimodal placeholders; a request finishes after the step
@@ -35,6 +40,40 @@ from vllm.config import VllmConfig
 from vllm.distributed import parallel_state
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
 from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+
+# ------------------------------------------------------------------ vLLM profiles
+
+
+@dataclass(frozen=True)
+class VllmProfile:
+    """How one vLLM build and model runner drive an EC connector (read from their source)."""
+
+    name: str
+    # The consumer's EC context runs on steps with no scheduled tokens (MRv2's
+    # no_forward at 7cfb97e3; MRv1 returns before it, MRv2 at 6adad087 has none).
+    ec_on_steps_without_tokens: bool = True
+    # build_connector_worker_meta is called and its result reaches the scheduler (#49585).
+    worker_meta: bool = True
+    # Only the output rank's ECConnectorOutput reaches the scheduler (no
+    # ECOutputAggregator before #49585); else outputs are folded across ranks.
+    output_rank_only: bool = False
+    # The scheduler polls take_unavailable_requests and fails what it returns.
+    polls_unavailable: bool = True
+    # An encoder-only step (a role that is not a consumer) returns an output without
+    # the ECConnectorOutput it built (MRv1's make_empty_encoder_model_runner_output).
+    encoder_output_dropped: bool = False
+
+
+PROFILES = {
+    p.name: p
+    for p in (
+        VllmProfile("6adad087-mrv1", False, False, True, False, True),
+        VllmProfile("6adad087-mrv2", False, False, True, False),
+        VllmProfile("7cfb97e3-mrv1", False, False, False, False, True),
+        VllmProfile("7cfb97e3-mrv2", True, True, False, False),
+        VllmProfile("newer", True, True, False, True),
+    )
+}
 
 # ------------------------------------------------------------------ requests
 
@@ -115,6 +154,7 @@ class SchedulerOutput:
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    total_num_scheduled_tokens: int = 0
     ec_connector_metadata: Any = None
     # The double's own: what each scheduled request gathers, (identifier, rows) per item.
     gathers: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -191,13 +231,16 @@ class EncoderCacheManager:
 class WorkerDouble:
     """One TP rank: a WORKER connector and its encoder cache."""
 
-    def __init__(self, vllm_config: VllmConfig, tp_rank: int, *, call_start_save_caches: bool):
+    def __init__(
+        self, vllm_config: VllmConfig, tp_rank: int, *, call_start_save_caches: bool, profile: VllmProfile
+    ):
         pc = vllm_config.parallel_config
         parallel_state.set_ranks(tp_rank, pc.tensor_parallel_size, 0, pc.pipeline_parallel_size)
         self.connector = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.WORKER)
         self.width = vllm_config.model_config.get_inputs_embeds_size()
         self.dtype = vllm_config.model_config.dtype
         self.call_start_save_caches = call_start_save_caches  # MRv2 calls it; MRv1 may not
+        self.profile = profile
         self.encoder_cache: dict[str, torch.Tensor] = {}
         self.provenance: dict[str, str] = {}  # identifier -> "connector" | "local"
         self.local_encodes = 0
@@ -208,6 +251,9 @@ class WorkerDouble:
         for h in so.free_encoder_mm_hashes:
             self.encoder_cache.pop(h, None)
         gathered: dict[str, str | None] = {}
+        if c.is_consumer and so.total_num_scheduled_tokens == 0 and not self.profile.ec_on_steps_without_tokens:
+            # MRv1 (and MRv2 before no_forward) returns before the EC context.
+            return pickle.dumps(WorkerStepResult(ECConnectorOutput(), gathered))
         c.bind_connector_metadata(so.ec_connector_metadata)
         try:
             if c.is_consumer:
@@ -235,9 +281,11 @@ class WorkerDouble:
                 gathered[request_id] = problem
         finally:
             sending, recving = c.get_finished(so.finished_req_ids)
-            worker_meta = c.build_connector_worker_meta()
+            worker_meta = c.build_connector_worker_meta() if self.profile.worker_meta else None
             c.clear_connector_metadata()
         output = ECConnectorOutput(sending, recving, worker_meta)
+        if not c.is_consumer and self.profile.encoder_output_dropped:
+            output = ECConnectorOutput()
         return pickle.dumps(WorkerStepResult(output, gathered))
 
 
@@ -274,13 +322,16 @@ class EngineDouble:
         encode_only: bool,
         cache_rows: int = 4096,
         call_start_save_caches: bool = True,
+        profile: VllmProfile | str = "newer",
     ):
         self.vllm_config = vllm_config
         self.encode_only = encode_only
+        self.profile = PROFILES[profile] if isinstance(profile, str) else profile
         self.scheduler = ECConnectorFactory.create_connector(vllm_config, ECConnectorRole.SCHEDULER)
         tp = vllm_config.parallel_config.tensor_parallel_size
         self.workers = [
-            WorkerDouble(vllm_config, r, call_start_save_caches=call_start_save_caches) for r in range(tp)
+            WorkerDouble(vllm_config, r, call_start_save_caches=call_start_save_caches, profile=self.profile)
+            for r in range(tp)
         ]
         for w in self.workers:
             w.connector.start_worker_services()
@@ -351,6 +402,7 @@ class EngineDouble:
         # Entries evicted by this step's allocations: the workers drop them before they
         # load or encode anything this step.
         so.free_encoder_mm_hashes = self.cache.take_freed()
+        so.total_num_scheduled_tokens = sum(self.waiting[r].num_prompt_tokens for r in so.gathers)
         self.evicted_and_reallocated += len(external_this_step.intersection(so.free_encoder_mm_hashes))
         so.ec_connector_metadata = c.build_connector_meta(so)
         # Crosses to the workers by pickle, like vLLM's executor does.
@@ -359,7 +411,10 @@ class EngineDouble:
 
     def _update_from_output(self, so: SchedulerOutput, results: list[WorkerStepResult]) -> None:
         c = self.scheduler
-        output = aggregate_outputs([r.ec_connector_output for r in results])
+        if self.profile.output_rank_only:
+            output = results[0].ec_connector_output
+        else:
+            output = aggregate_outputs([r.ec_connector_output for r in results])
         if not output.is_empty():
             c.update_connector_output(pickle.loads(pickle.dumps(output)))
         for request_id in so.gathers:
@@ -370,7 +425,8 @@ class EngineDouble:
                 c.update_state_after_free(request, i)  # the item was consumed
             provenance = {f.identifier: self.workers[0].provenance.get(f.identifier, "?") for f in request.mm_features}
             self._free_request(request, "error" if problems else "ok", problems[0] if problems else None, provenance)
-        for request_id in sorted(c.take_unavailable_requests()):
+        unavailable = c.take_unavailable_requests() if self.profile.polls_unavailable else set()
+        for request_id in sorted(unavailable):
             request = self.waiting.pop(request_id, None)
             if request is not None:
                 self._free_request(request, "unavailable", "the connector cannot obtain its encoder inputs", {})
