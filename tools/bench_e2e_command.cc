@@ -198,7 +198,7 @@ const TextTable& results_table() {
                                 {"+p50 us", 9},
                                 {"+p99 us", 9},
                                 {"GB/s ratio", 10},
-                                {"sim us", 11}});
+                                {"sim cpu us", 11}});
   return table;
 }
 
@@ -480,7 +480,7 @@ int run_all(const E2eOptions& o) {
   std::cout
       << "ecx_e2e p50/p99: time to ready (the consumer receives the request -> the engine finds its item "
          "loaded); transport_raw p50/p99: send to completion of one message; +p50/+p99: the difference; GB/s "
-         "ratio: ecx_e2e divided by transport_raw; sim us: what the simulator itself costs per item, consumer engine "
+         "ratio: ecx_e2e divided by transport_raw; sim us: the simulator's own CPU time per item, consumer engine "
          "threads (encoder-cache allocation, content check after the ready stamp) + producer (generating the "
          "content), no part of ECX\n";
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";

@@ -11,6 +11,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include <time.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -55,10 +56,12 @@ std::vector<scheduler::MmFeature> features_of(const std::vector<Item>& items) {
   return out;
 }
 
-// Nanoseconds on the steady clock since `since` (the simulator's own cost accounting).
-std::uint64_t ns_since(std::chrono::steady_clock::time_point since) {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+// CPU time of the calling thread, ns: what the simulator's own work costs (wall time
+// would count the time a loaded machine leaves the thread waiting for a CPU).
+std::uint64_t thread_cpu_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
 }
 
 // One engine thread per TP rank, as vLLM runs one worker process per rank: run(job)
@@ -413,9 +416,9 @@ struct ConsumerSim::State {
       workers[rank]->start_load_caches(
           one,
           [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
-            const auto t0 = std::chrono::steady_clock::now();
+            const auto t0 = thread_cpu_ns();
             auto data = cache.insert(l.mm_hash, l.spec.nbytes());
-            sim_ns += ns_since(t0);
+            sim_ns += thread_cpu_ns() - t0;
             if (!data) return data.status();
             return worker::LoadDestination{*data, false, 0};
           },
@@ -423,7 +426,7 @@ struct ConsumerSim::State {
       rs.loaded_at[load.mm_hash] = options.clock->now();
     }
     rs.meta = workers[rank]->build_worker_meta();
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = thread_cpu_ns();
     for (const Item* item : used) {
       if (rs.bad.count(item->mm_hash)) continue;
       if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) continue;  // reported by the worker
@@ -435,7 +438,7 @@ struct ConsumerSim::State {
         ++rs.mismatches;
       }
     }
-    rs.sim_ns = sim_ns + ns_since(t0);
+    rs.sim_ns = sim_ns + thread_cpu_ns() - t0;
   }
 
   void step() {
@@ -683,9 +686,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       for (const auto& item : batch[b]->items) {
         if (!encoded.insert(item.mm_hash).second) continue;  // the engine encodes an item once per request
         buffer.resize(item.spec.nbytes());
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = thread_cpu_ns();
         fill_content(item.mm_hash, buffer);
-        result.sim_ns += ns_since(t0);
+        result.sim_ns += thread_cpu_ns() - t0;
         if (auto s = worker.save_cache(item.mm_hash, buffer.data(), buffer.size()); !s) {
           log->warn("cannot stage {}: {}", item.mm_hash, s.to_string());
         }

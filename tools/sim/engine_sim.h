@@ -55,7 +55,7 @@ struct ConsumerResult {
   std::vector<double> time_to_ready_ms;  // one per ready request
   std::vector<std::string> failed_requests;
   std::string invariant_error;  // empty when every shard's bookkeeping is consistent
-  // The simulator's own work on the engine threads (encoder-cache allocation, content
+  // CPU time of the simulator's own work on the engine threads (encoder-cache allocation, content
   // checks), all ranks: what the bench costs itself, next to what it measures.
   std::uint64_t sim_engine_ns = 0;
   bool producer_done = false;
@@ -101,7 +101,7 @@ struct ProducerResult {
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
   std::uint64_t rounds = 0;
-  std::uint64_t sim_ns = 0;  // the simulator's own work: generating the encoder outputs' content
+  std::uint64_t sim_ns = 0;  // CPU time of the simulator's own work: generating the encoder outputs' content
   double wall_s = 0;
 };
 
