@@ -429,7 +429,10 @@ struct ConsumerSim::State {
     const auto t0 = thread_cpu_ns();
     for (const Item* item : used) {
       if (rs.bad.count(item->mm_hash)) continue;
-      if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) continue;  // reported by the worker
+      if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) {  // reported by the worker; dropped below
+        rs.bad.insert(item->mm_hash);
+        continue;
+      }
       const auto cached = cache.find(item->mm_hash);
       if (!cached) {
         rs.bad.insert(item->mm_hash);
