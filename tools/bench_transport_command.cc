@@ -1,5 +1,5 @@
 // `ecx bench transport`: ECX's UCX data plane between a producer process and a
-// consumer process on loopback, next to `ucx_perftest -t ucp_{am,tag,stream,put}_bw` on the same
+// consumer process on loopback, next to ucx_perftest (ucp_am_bw, tag_bw, stream_bw, ucp_put_bw) on the same
 // transport and size and a plain memcpy, all in the same run. With `--transport
 // mooncake` the Mooncake backend's one-sided writes (over Mooncake's tcp) join the
 // table next to ECX over UCX tcp, measured in the same run.
@@ -500,7 +500,8 @@ Result<int> free_port() {
 // ucx_perftest server and client on loopback; parses the client's final line:
 // iterations, 50%ile, avg and overall overhead (us), avg and overall bandwidth
 // (MB/s, which ucx_perftest counts in MiB), avg and overall message rate.
-// `primitive`: am, tag, stream or put (ucx_perftest -t ucp_<primitive>_bw). It runs
+// `primitive`: am, tag, stream or put (ucx_perftest's ucp_am_bw, tag_bw, stream_bw,
+// ucp_put_bw). It runs
 // with the TCP segment size ECX sets for itself (ucx_tcp_seg_size's default), so the
 // baseline is UCX at its best on this transport, not UCX at its defaults.
 Result<Series> run_perftest(const BenchOptions& options, const std::string& primitive, std::uint64_t size,
@@ -514,7 +515,9 @@ Result<Series> run_perftest(const BenchOptions& options, const std::string& prim
   if (primitive == "put") count = std::max<std::uint64_t>(20, count / 8);
   const std::string iterations = std::to_string(count);
   const std::string warmup = std::to_string(std::max<std::uint64_t>(std::uint64_t{options.window} * 2, count / 10));
-  const std::string test = fmt::format("ucp_{}_bw", primitive);
+  // ucx_perftest 1.13 names them ucp_am_bw, ucp_put_bw, tag_bw and stream_bw.
+  const std::string test =
+      primitive == "tag" || primitive == "stream" ? primitive + "_bw" : fmt::format("ucp_{}_bw", primitive);
   const std::vector<std::string> common = {"-t", test,   "-s", std::to_string(size),  "-n", iterations,
                                            "-w", warmup, "-p", std::to_string(*port), "-f"};
   std::vector<std::string> server_args = {"ucx_perftest"};
@@ -795,7 +798,7 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
   cmd->add_option("--json", options->json_file, "write the series as a JSON list to FILE");
   cmd->add_option("--plot", options->plot_file, "draw GB/s against size into FILE.png (gnuplot)");
   cmd->add_option("--perftest", options->perftests,
-                  "ucx_perftest primitives to run next to ECX (ucp_<name>_bw): comma list of am, tag, stream, put")
+                  "ucx_perftest primitives to run next to ECX: comma list of am, tag, stream, put")
       ->capture_default_str();
   cmd->add_flag("--no-perftest", options->skip_perftest, "skip the ucx_perftest baselines");
   auto* consumer = cmd->add_flag("--consumer", options->consumer, "run the consumer half (internal)");
