@@ -106,7 +106,11 @@ Result<std::pair<std::string, int>> split_host_port(const std::string& text, con
 int phase_port(int base, int tp, std::size_t phase) { return base + static_cast<int>(phase) * (tp + 1); }
 
 Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& host, int control_port) {
+  // Both pools are touched at start (what a deployment should do, see prefault in
+  // docs/configuration.md): a landing's first touch of a pool page is no part of
+  // what the bench measures.
   json extra{{"checksum", o.checksum},
+             {"prefault", true},
              {"push_wait_timeout_s", 60},
              {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}};
@@ -171,6 +175,8 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
            {"gbps", per_s * static_cast<double>(phase.size) / 1e9},
            {"p50_us", sim::percentile(ttr_us, 50)},
            {"p99_us", sim::percentile(ttr_us, 99)},
+           {"sim_us_per_item",
+            r.items_ready > 0 ? static_cast<double>(r.sim_engine_ns) / 1e3 / static_cast<double>(r.items_ready) : 0.0},
            {"leaked_pool_bytes", r.leaked_pool_bytes},
            {"checksum_mismatches", r.checksum_mismatches},
            {"content_mismatches", r.content_mismatches},
@@ -191,7 +197,8 @@ const TextTable& results_table() {
                                 {"p99 us", 9},
                                 {"+p50 us", 9},
                                 {"+p99 us", 9},
-                                {"GB/s ratio", 10}});
+                                {"GB/s ratio", 10},
+                                {"sim cpu us", 11}});
   return table;
 }
 
@@ -200,7 +207,10 @@ void print_row(const json& s) {
       std::cout, {byte_size_label(s.value("size_bytes", std::uint64_t{0})), s.value("phase", std::string()),
                   s.value("series", std::string()), std::to_string(s.value("window", 0)), cell(s, "per_s", 0),
                   cell(s, "gbps", 2), cell(s, "p50_us", 0), cell(s, "p99_us", 0), cell(s, "added_p50_us", 0),
-                  cell(s, "added_p99_us", 0), cell(s, "ratio_vs_transport_gbps", 2)});
+                  cell(s, "added_p99_us", 0), cell(s, "ratio_vs_transport_gbps", 2),
+                  s.contains("sim_us_per_item") ? fmt::format("{:.0f}+{:.0f}", s.value("sim_us_per_item", 0.0),
+                                                              s.value("producer_sim_us_per_item", 0.0))
+                                                : std::string("-")});
 }
 
 int run_consumer_role(const E2eOptions& o) {
@@ -277,6 +287,9 @@ int run_producer_role(const E2eOptions& o) {
     options.consumer_address = control;
     options.admit_connect = tcp_address(address->first, port);
     options.max_active_pushes = phase.window;
+    // The latency phase sends one item at a time end to end: the next starts when the
+    // consumer reports the previous one ready (not when its send completed).
+    if (phase.window == 1) options.max_unresolved = 1;
     options.deadline = seconds_to_duration(o.phase_timeout_s);
     options.workload.requests = static_cast<int>(phase.items);
     options.workload.min_images = 1;
@@ -296,6 +309,8 @@ int run_producer_role(const E2eOptions& o) {
                       {"items", r->items},
                       {"failed_saves", r->failed_saves},
                       {"retry_afters", r->retry_afters},
+                      {"sim_us_per_item",
+                       r->items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->items) : 0.0},
                       {"wall_s", r->wall_s}}
                      .dump()
               << std::endl;
@@ -394,6 +409,7 @@ int run_all(const E2eOptions& o) {
     return 1;
   }
   std::vector<json> results;
+  std::vector<json> produced;  // the producer's report of each phase, in order
   const auto deadline = std::chrono::steady_clock::now() +
                         seconds_to_duration(o.phase_timeout_s * static_cast<double>(phases->size()) + 60);
   while (results.size() < phases->size() && std::chrono::steady_clock::now() < deadline && !consumer->eof()) {
@@ -410,8 +426,14 @@ int run_all(const E2eOptions& o) {
         results.push_back(std::move(doc));
       }
     }
-    while (producer->read_line(std::chrono::milliseconds(0))) {
+    while (auto line = producer->read_line(std::chrono::milliseconds(0))) {
+      auto doc = json::parse(*line, nullptr, false);
+      if (!doc.is_discarded() && doc.value("event", "") == "produced") produced.push_back(std::move(doc));
     }
+  }
+  while (auto line = producer->read_line(std::chrono::milliseconds(200))) {
+    auto doc = json::parse(*line, nullptr, false);
+    if (!doc.is_discarded() && doc.value("event", "") == "produced") produced.push_back(std::move(doc));
   }
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
   const auto producer_exit = producer->wait(std::chrono::seconds(30));
@@ -427,6 +449,10 @@ int run_all(const E2eOptions& o) {
     auto& e2e = results[k];
     ok = ok && e2e.value("ok", false);
     e2e.erase("event");
+    if (k < produced.size()) {
+      e2e["retry_afters"] = produced[k].value("retry_afters", std::uint64_t{0});
+      e2e["producer_sim_us_per_item"] = produced[k].value("sim_us_per_item", 0.0);
+    }
     std::optional<json> raw;
     if (o.baseline) {
       auto measured = transport_baseline(o, (*phases)[k]);
@@ -451,9 +477,12 @@ int run_all(const E2eOptions& o) {
       series.push_back(*raw);
     }
   }
-  std::cout << "ecx_e2e p50/p99: time to ready (the consumer receives the request -> the engine finds its item "
-               "loaded); transport_raw p50/p99: send to completion of one message; +p50/+p99: the difference; GB/s "
-               "ratio: ecx_e2e divided by transport_raw\n";
+  std::cout
+      << "ecx_e2e p50/p99: time to ready (the consumer receives the request -> the engine finds its item "
+         "loaded); transport_raw p50/p99: send to completion of one message; +p50/+p99: the difference; GB/s "
+         "ratio: ecx_e2e divided by transport_raw; sim us: the simulator's own CPU time per item, consumer engine "
+         "threads (encoder-cache allocation, content check after the ready stamp) + producer (generating the "
+         "content), no part of ECX\n";
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";
   if (!o.json_file.empty()) {
     if (auto st = write_json_file(o.json_file, series); !st) {

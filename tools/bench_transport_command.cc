@@ -1,5 +1,5 @@
 // `ecx bench transport`: ECX's UCX data plane between a producer process and a
-// consumer process on loopback, next to `ucx_perftest -t ucp_am_bw` on the same
+// consumer process on loopback, next to ucx_perftest (ucp_am_bw, tag_bw, stream_bw, ucp_put_bw) on the same
 // transport and size and a plain memcpy, all in the same run. With `--transport
 // mooncake` the Mooncake backend's one-sided writes (over Mooncake's tcp) join the
 // table next to ECX over UCX tcp, measured in the same run.
@@ -17,11 +17,13 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -49,9 +51,10 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string transport = "tcp";
-  std::string size_text = "9MiB";
-  std::string sizes_text;   // comma list, or "sweep"
-  std::uint64_t count = 0;  // 0 = automatic per size
+  std::string size_text;                        // one size ("" and no --sizes: kDefaultSizes)
+  std::string sizes_text;                       // comma list, or "sweep"
+  std::string perftests = "am,tag,stream,put";  // ucx_perftest -t ucp_<name>_bw baselines
+  std::uint64_t count = 0;                      // 0 = automatic per size
   std::uint32_t window = 4;
   std::uint32_t repeat = 3;
   std::string mode = "am";
@@ -63,6 +66,7 @@ struct BenchOptions {
   std::uint64_t consumer_slot_bytes = 0;
 };
 
+constexpr std::array<std::uint64_t, 4> kDefaultSizes = {64ULL << 10, 1ULL << 20, 4ULL << 20, 9ULL << 20};
 constexpr std::array<std::uint64_t, 9> kSweepSizes = {4ULL << 10, 16ULL << 10, 64ULL << 10, 256ULL << 10, 1ULL << 20,
                                                       4ULL << 20, 9ULL << 20,  16ULL << 20, 64ULL << 20};
 
@@ -352,8 +356,10 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
        options.mode, "--window", std::to_string(options.window), "--slot-bytes", std::to_string(size)},
       {});
   if (!consumer.started()) return internal_error("cannot start the consumer process");
+  // UCX may print warnings on stdout before the address line: skip them.
   auto line = consumer.read_line(30s);
-  if (!line || !line->starts_with("address ")) return unavailable("the consumer process did not start listening");
+  while (line && !line->starts_with("address ")) line = consumer.read_line(30s);
+  if (!line) return unavailable("the consumer process did not start listening");
 
   const std::uint64_t window = options.window;
   auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * window, pool::SlabOptions{.prefault = true});
@@ -494,14 +500,26 @@ Result<int> free_port() {
 // ucx_perftest server and client on loopback; parses the client's final line:
 // iterations, 50%ile, avg and overall overhead (us), avg and overall bandwidth
 // (MB/s, which ucx_perftest counts in MiB), avg and overall message rate.
-Result<Series> run_perftest(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
+// `primitive`: am, tag, stream or put (ucx_perftest's ucp_am_bw, tag_bw, stream_bw,
+// ucp_put_bw). It runs
+// with the TCP segment size ECX sets for itself (ucx_tcp_seg_size's default), so the
+// baseline is UCX at its best on this transport, not UCX at its defaults.
+Result<Series> run_perftest(const BenchOptions& options, const std::string& primitive, std::uint64_t size,
+                            std::uint64_t count) {
   auto port = free_port();
   if (!port) return port.status();
-  const std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", ucx_tls(options.transport)}};
+  const std::string seg = std::to_string(transport::UcxOptions{}.tcp_seg_size_bytes);
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"UCX_TLS", ucx_tls(options.transport)}, {"UCX_TCP_RX_SEG_SIZE", seg}, {"UCX_TCP_TX_SEG_SIZE", seg}};
+  // Put over tcp is emulated by UCX at ~0.2 GB/s: fewer messages keep its run short.
+  if (primitive == "put") count = std::max<std::uint64_t>(20, count / 8);
   const std::string iterations = std::to_string(count);
   const std::string warmup = std::to_string(std::max<std::uint64_t>(std::uint64_t{options.window} * 2, count / 10));
-  const std::vector<std::string> common = {"-t", "ucp_am_bw", "-s", std::to_string(size),  "-n", iterations,
-                                           "-w", warmup,      "-p", std::to_string(*port), "-f"};
+  // ucx_perftest 1.13 names them ucp_am_bw, ucp_put_bw, tag_bw and stream_bw.
+  const std::string test =
+      primitive == "tag" || primitive == "stream" ? primitive + "_bw" : fmt::format("ucp_{}_bw", primitive);
+  const std::vector<std::string> common = {"-t", test,   "-s", std::to_string(size),  "-n", iterations,
+                                           "-w", warmup, "-p", std::to_string(*port), "-f"};
   std::vector<std::string> server_args = {"ucx_perftest"};
   server_args.insert(server_args.end(), common.begin(), common.end());
   Child server(server_args, env);
@@ -524,12 +542,18 @@ Result<Series> run_perftest(const BenchOptions& options, std::uint64_t size, std
   }
   std::istringstream fields(last);
   std::vector<double> numbers;
-  for (double value = 0; fields >> value;) numbers.push_back(value);
+  // Tokens one by one: ucx_perftest prints "inf" for a latency it could not time.
+  for (std::string token; fields >> token;) {
+    char* end = nullptr;
+    const double value = std::strtod(token.c_str(), &end);
+    if (end == token.c_str()) break;
+    numbers.push_back(value);
+  }
   if (!ok || numbers.size() != 8) {
     return unavailable(fmt::format("ucx_perftest failed or printed no result: '{}'", last));
   }
   Series series;
-  series.name = "ucx_perftest_am_bw";
+  series.name = "ucx_perftest_" + primitive + "_bw";
   series.transport = options.transport;
   series.size = size;
   series.count = count;
@@ -574,7 +598,8 @@ Status plot_series(const std::string& png, const std::vector<Series>& all) {
   spec.y_label = "GB/s (10^9 bytes/s)";
   spec.log_x = true;
   spec.x_bytes = true;
-  for (const std::string name : {"ecx", "ecx_mooncake", "ucx_perftest_am_bw", "memcpy"}) {
+  for (const std::string name : {"ecx", "ecx_mooncake", "ucx_perftest_am_bw", "ucx_perftest_tag_bw",
+                                 "ucx_perftest_stream_bw", "ucx_perftest_put_bw", "memcpy"}) {
     PlotLine line{name, {}, false};
     for (const auto& s : all) {
       if (s.name == name) line.points.emplace_back(static_cast<double>(s.size), s.gbps);
@@ -615,6 +640,8 @@ int run_bench(const BenchOptions& options) {
       }
       sizes.push_back(*size);
     }
+  } else if (options.size_text.empty()) {
+    sizes.assign(kDefaultSizes.begin(), kDefaultSizes.end());
   } else {
     auto size = parse_byte_size(options.size_text);
     if (!size) {
@@ -637,10 +664,22 @@ int run_bench(const BenchOptions& options) {
                            "ratio");
   std::vector<Series> all;
   int rc = 0;
+  std::vector<std::string> primitives;
+  if (!options.skip_perftest) {
+    std::istringstream list(options.perftests);
+    for (std::string item; std::getline(list, item, ',');) {
+      if (item != "am" && item != "tag" && item != "stream" && item != "put") {
+        std::cerr << "ecx bench transport: --perftest '" << item << "': expected am, tag, stream or put\n";
+        return 2;
+      }
+      primitives.push_back(item);
+    }
+  }
   for (const auto size : sizes) {
     const std::uint64_t count = options.count != 0 ? options.count : auto_count(size);
-    std::vector<Series> ecx_runs, perftest_runs, mooncake_runs;
-    std::string perftest_error;
+    std::vector<Series> ecx_runs, mooncake_runs;
+    std::map<std::string, std::vector<Series>> perftest_runs;  // by primitive
+    std::map<std::string, std::string> perftest_errors;
     // Interleaved repetitions, so load from anything else on the machine hits both.
     for (std::uint32_t r = 0; r < options.repeat; ++r) {
       if (mooncake) {
@@ -657,12 +696,12 @@ int run_bench(const BenchOptions& options) {
         return 1;
       }
       ecx_runs.push_back(*ecx);
-      if (!options.skip_perftest) {
-        auto perftest = run_perftest(options, size, count);
+      for (const auto& primitive : primitives) {
+        auto perftest = run_perftest(options, primitive, size, count);
         if (perftest) {
-          perftest_runs.push_back(*perftest);
+          perftest_runs[primitive].push_back(*perftest);
         } else {
-          perftest_error = perftest.status().message();
+          perftest_errors[primitive] = perftest.status().message();
         }
       }
     }
@@ -671,8 +710,16 @@ int run_bench(const BenchOptions& options) {
       return runs[runs.size() / 2];
     };
     Series ecx = pick_median(ecx_runs);
+    // The baseline is the best primitive at this size (median of its runs).
+    std::vector<Series> perftests;
+    for (const auto& primitive : primitives) {
+      if (auto it = perftest_runs.find(primitive); it != perftest_runs.end())
+        perftests.push_back(pick_median(it->second));
+    }
     std::optional<Series> perftest;
-    if (!perftest_runs.empty()) perftest = pick_median(perftest_runs);
+    for (const auto& p : perftests) {
+      if (!perftest || p.gbps > perftest->gbps) perftest = p;
+    }
     Series copy = run_memcpy(options.transport, size, count);
     if (perftest) ecx.ratio_vs_perftest = ecx.gbps / perftest->gbps;
     if (mooncake) {
@@ -689,21 +736,26 @@ int run_bench(const BenchOptions& options) {
                              mooncake ? "" : byte_size_label(size), mooncake ? "ecx (ucx tcp)" : "ecx", ecx.gbps,
                              *ecx.p50_us, *ecx.p99_us,
                              ecx.ratio_vs_perftest ? fmt::format("{:.2f}", *ecx.ratio_vs_perftest) : "-");
-    if (perftest) {
-      std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "ucx_perftest_am_bw", perftest->gbps,
-                               "-", "-", "1.00");
-    } else if (!options.skip_perftest) {
-      std::cout << fmt::format("{:>10} {:>20}   failed: {}\n", "", "ucx_perftest_am_bw", perftest_error);
-      rc = 1;
+    for (auto& p : perftests) {
+      p.ratio_vs_perftest = p.gbps / perftest->gbps;
+      std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8.2f}{}\n", "", p.name, p.gbps, "-", "-",
+                               *p.ratio_vs_perftest, p.name == perftest->name ? "  (best)" : "");
+    }
+    for (const auto& [primitive, error] : perftest_errors) {
+      if (perftest_runs.count(primitive)) continue;
+      std::cout << fmt::format("{:>10} {:>20}   failed: {}\n", "", "ucx_perftest_" + primitive + "_bw", error);
+      // Put needs an RMA lane some transports lack; the others must run.
+      if (primitive != "put") rc = 1;
     }
     std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "memcpy", copy.gbps, "-", "-",
                              perftest ? fmt::format("{:.2f}", copy.gbps / perftest->gbps) : "-");
     std::cout << std::flush;
     all.push_back(ecx);
-    if (perftest) all.push_back(*perftest);
+    for (const auto& p : perftests) all.push_back(p);
     all.push_back(copy);
   }
-  std::cout << "ratio: GB/s divided by ucx_perftest's; p50/p99: per-message send-to-completion latency with the "
+  std::cout << "ratio: GB/s divided by the best ucx_perftest primitive's at that size (each run with ECX's TCP "
+               "segment size); p50/p99: per-message send-to-completion latency with the "
                "window in flight\n";
   if (!options.json_file.empty()) {
     nlohmann::json list = nlohmann::json::array();
@@ -726,13 +778,14 @@ int run_bench(const BenchOptions& options) {
 
 void add_bench_transport_command(CLI::App& app, Runner& run) {
   auto* cmd = bench_subcommand(app)->add_subcommand(
-      "transport", "UCX data plane between two processes vs ucx_perftest -t ucp_am_bw and memcpy");
+      "transport", "UCX data plane between two processes vs ucx_perftest (am, tag, stream, put) and memcpy");
   auto options = std::make_shared<BenchOptions>();
   cmd->add_option("--transport", options->transport,
                   "tcp or shm (shared memory), or mooncake (Mooncake over tcp, next to UCX tcp; library from "
                   "ECX_MOONCAKE_LIB)")
       ->capture_default_str();
-  cmd->add_option("--size", options->size_text, "message size, e.g. 9MiB, 64K, 4096")->capture_default_str();
+  cmd->add_option("--size", options->size_text,
+                  "one message size, e.g. 9MiB, 64K, 4096 (default: 64KiB,1MiB,4MiB,9MiB)");
   cmd->add_option("--sizes", options->sizes_text,
                   "comma-separated sizes to sweep, or 'sweep' for 4 KiB..64 MiB (overrides --size)");
   cmd->add_option("--count", options->count, "messages per run (0: automatic, ~2 GiB per run)")->capture_default_str();
@@ -744,7 +797,10 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--json", options->json_file, "write the series as a JSON list to FILE");
   cmd->add_option("--plot", options->plot_file, "draw GB/s against size into FILE.png (gnuplot)");
-  cmd->add_flag("--no-perftest", options->skip_perftest, "skip the ucx_perftest baseline");
+  cmd->add_option("--perftest", options->perftests,
+                  "ucx_perftest primitives to run next to ECX: comma list of am, tag, stream, put")
+      ->capture_default_str();
+  cmd->add_flag("--no-perftest", options->skip_perftest, "skip the ucx_perftest baselines");
   auto* consumer = cmd->add_flag("--consumer", options->consumer, "run the consumer half (internal)");
   auto* slot = cmd->add_option("--slot-bytes", options->consumer_slot_bytes, "consumer slot size (internal)");
   consumer->group("");

@@ -251,6 +251,8 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   if (!mode) return mode.status();
   ucx.mode = *mode;
   ucx.peer_error_handling = config.ucx_peer_errors;
+  ucx.tcp_seg_size_bytes = config.ucx_tcp_seg_size;
+  ucx.rndv_threshold_bytes = config.ucx_rndv_thresh;
   if (config.ucx_peer_errors) {
     // Every producer then connects as an endpoint of ours with peer-failure handling:
     // a producer's death fails the payloads it was still sending, and a payload stuck

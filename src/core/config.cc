@@ -302,6 +302,10 @@ const std::vector<KeySpec>& key_table() {
     extra("retry_after_ms", "integer", "5",
           "Delay a consumer asks producers to wait when its pool is full (back-pressure).",
           set_integer(&Config::retry_after_ms, 1, 60'000));
+    extra("retry_backoff_max_ms", "integer", "200",
+          "Producer: a shard refused again with retry_after waits twice as long as the time before (with jitter), "
+          "up to this many milliseconds, instead of retrying every retry_after_ms.",
+          set_integer(&Config::retry_backoff_max_ms, 1, 60'000));
     extra("transport", "enum", "ucx", "Data plane: ucx or mooncake.",
           set_enum(&Config::transport, {"ucx", "mooncake"}));
     extra("ucx_mode", "enum", "am",
@@ -313,6 +317,15 @@ const std::vector<KeySpec>& key_table() {
           "shared-memory transports cannot run with it: set false to move payloads over shared memory within a host; a "
           "dead peer is then noticed at the send deadline.",
           set_bool(&Config::ucx_peer_errors));
+    extra("ucx_tcp_seg_size", "bytes", "262144",
+          "Segment size of UCX's TCP transport (UCX_TCP_RX_SEG_SIZE and UCX_TCP_TX_SEG_SIZE): rendezvous data moves "
+          "in pieces of this size; UCX's own default, 64 KiB, costs a send and a receive call per 64 KiB. 0 leaves "
+          "UCX's default; those variables in the environment take precedence.",
+          set_bytes(&Config::ucx_tcp_seg_size, 0, 64ULL << 20));
+    extra("ucx_rndv_thresh", "bytes", "8192",
+          "Payloads of at least this many bytes are sent with rendezvous (UCX receives them straight into the slot); "
+          "smaller ones eagerly (copied once on landing). 0 lets UCX decide (UCX_RNDV_THRESH).",
+          set_bytes(&Config::ucx_rndv_thresh, 0, 1ULL << 30));
     extra("mooncake_protocol", "enum", "tcp", "Mooncake protocol when transport is mooncake: tcp or rdma.",
           set_enum(&Config::mooncake_protocol, {"tcp", "rdma"}));
     extra("mooncake_lib", "string", "\"\"",
@@ -357,7 +370,11 @@ const std::vector<KeySpec>& key_table() {
     extra("mlock", "boolean", "false", "Lock host pools into RAM (needs RLIMIT_MEMLOCK).", set_bool(&Config::mlock));
     extra("prefault", "boolean", "false",
           "Touch every page of the host pools at start: no page faults on first use, and the resident size does not "
-          "grow as the pool is first used.",
+          "grow as the pool is first used. Without it a landing's first touch of a pool page pays the kernel's page "
+          "zeroing on the data path (+2-4 ms per 9 MiB item); with it start-up pays about 0.4 s per GiB (huge pages) "
+          "and the whole pool is resident from the start. Recommended for a dedicated pool; ecx bench e2e sets it, ecx "
+          "demo for a soak "
+          "(--duration).",
           set_bool(&Config::prefault));
     return t;
   }();

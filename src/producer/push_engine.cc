@@ -617,6 +617,8 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   if (!mode) return mode.status();
   ucx.mode = *mode;
   ucx.peer_error_handling = config.ucx_peer_errors;
+  ucx.tcp_seg_size_bytes = config.ucx_tcp_seg_size;
+  ucx.rndv_threshold_bytes = config.ucx_rndv_thresh;
   ucx.clock = state->clock;
   // A producer never receives payloads.
   ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {

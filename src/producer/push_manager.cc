@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <unordered_map>
 
@@ -101,6 +102,7 @@ PushOptions PushOptions::from_config(const Config& config) {
   o.push_deadline = config.push_wait_timeout();
   o.refresh_after = config.reservation_ttl() / 2;
   o.terminal_ttl = config.reservation_ttl();
+  o.retry_backoff_max = std::chrono::milliseconds(config.retry_backoff_max_ms);
   return o;
 }
 
@@ -120,6 +122,7 @@ struct Shard {
   std::uint64_t slot_offset = 0;
   TimePoint reserved_at{};
   int cancel_attempts = 0;
+  int retry_afters = 0;  // consecutive retry_afters of this shard's reserve (backoff)
   std::optional<TimeIndex::iterator> retry;
 };
 
@@ -182,6 +185,7 @@ class PushCore {
   void send_abandon(Push& p, int shard, bool refresh, Actions& out);
   void send_reserve(Push& p, int shard, Actions& out);
   void clear_retry(Shard& s);
+  Duration retry_delay(Duration asked, int previous);
   void settle_cancel(Push& p, Actions& out);
   void release_source(Push& p, Actions& out);
   void unindex_waiting(Push& p);
@@ -205,6 +209,7 @@ class PushCore {
   std::deque<Terminal> terminal_order_;  // oldest first (records still doing I/O go to the back)
   std::deque<FailedSave> failures_;
   std::uint64_t io_in_flight_ = 0;
+  std::minstd_rand jitter_{std::random_device{}()};
   PushCounters counters_;
 };
 
@@ -237,6 +242,19 @@ void PushCore::send_abandon(Push& p, int shard, bool refresh, Actions& out) {
   ++io_in_flight_;
   ++counters_.abandons_sent;
   out.cancels.push_back(CancelCommand{p.spec.transfer_id, shard, p.spec.consumer_address, s.reservation_id, refresh});
+}
+
+// The consumer's retry_after for the first refusal; after that exponential backoff
+// (asked x 2^n, at most retry_backoff_max) with jitter (a uniform draw from the upper
+// half), so producers refused together do not come back together.
+Duration PushCore::retry_delay(Duration asked, int previous) {
+  if (previous <= 0 || asked <= Duration::zero()) return asked;
+  const Duration cap = std::max(asked, options_.retry_backoff_max);
+  Duration d = asked;
+  for (int i = 0; i < previous && d < cap; ++i) d *= 2;
+  d = std::min(d, cap);
+  std::uniform_int_distribution<Duration::rep> half(d.count() / 2, d.count());
+  return std::max(asked, Duration(half(jitter_)));
 }
 
 void PushCore::clear_retry(Shard& s) {
@@ -501,7 +519,7 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
     s->state = Sh::no_write;
   } else if (const auto* retry = std::get_if<reply::RetryAfter>(&reply)) {
     ++counters_.retry_afters;
-    const TimePoint at = now() + retry->delay;
+    const TimePoint at = now() + retry_delay(retry->delay, s->retry_afters++);
     if (p->state == P::waiting_inputs && p->deadline && at < (*p->deadline)->first) {
       s->state = Sh::retry_wait;
       s->retry = retries_.emplace(at, retry_key(tid, shard));

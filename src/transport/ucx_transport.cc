@@ -201,6 +201,26 @@ class UcxTransport final : public Transport {
         return ucx_error(fmt::format("UCX_TLS={}", options_.tls), st);
       }
     }
+    // Only where tcp may be selected: a transport list without it (e.g. sm,self) has no
+    // tcp table, and UCX would warn on stdout about a setting nothing used.
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): read-only lookup of the operator's setting
+    const char* env_tls = std::getenv("UCX_TLS");
+    const std::string tls = !options_.tls.empty() ? options_.tls : (env_tls != nullptr ? env_tls : "");
+    const bool may_use_tcp =
+        tls.empty() || tls.find("tcp") != std::string::npos || tls.find("all") != std::string::npos;
+    if (options_.tcp_seg_size_bytes != 0 && may_use_tcp) {
+      const std::string value = std::to_string(options_.tcp_seg_size_bytes);
+      // UCX 1.13 passes these on to its transports by their names within the tcp
+      // transport's table (RX_SEG_SIZE, not TCP_RX_SEG_SIZE, which it reports invalid).
+      for (const char* key : {"RX_SEG_SIZE", "TX_SEG_SIZE"}) {
+        // NOLINTNEXTLINE(concurrency-mt-unsafe): read-only lookup of the operator's override
+        if (std::getenv(fmt::format("UCX_TCP_{}", key).c_str()) != nullptr) continue;
+        if (auto st = ucp_config_modify(config, key, value.c_str()); st != UCS_OK) {
+          ucp_config_release(config);
+          return ucx_error(fmt::format("UCX_TCP_{}={}", key, value), st);
+        }
+      }
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (options_.mode == UcxMode::put ? UCP_FEATURE_RMA : 0);

@@ -158,7 +158,8 @@ inline std::map<std::string, double> scrape_metrics(int port) {
 
 // The admit channel a proxy would own: the producer forwards every finished request
 // here ({"request_id", "items": [{mm_hash, transfer_id, shape, dtype}], ...}), then
-// {"done": true}.
+// {"done": true}. The producer connects a DEALER (it reads the consumer's answers on
+// the same channel); this channel answers nothing.
 class AdmitChannel {
  public:
   AdmitChannel() {
@@ -171,6 +172,8 @@ class AdmitChannel {
   std::optional<json> next(std::chrono::milliseconds timeout) {
     zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) <= 0) return std::nullopt;
+    zmq::message_t identity;  // the producer's routing id (a ROUTER, as the consumer simulator)
+    if (!socket_.recv(identity, zmq::recv_flags::dontwait) || !identity.more()) return std::nullopt;
     zmq::message_t message;
     if (!socket_.recv(message, zmq::recv_flags::dontwait)) return std::nullopt;
     auto doc = json::parse(message.to_string_view(), nullptr, false);
@@ -180,7 +183,7 @@ class AdmitChannel {
 
  private:
   zmq::context_t context_{1};
-  zmq::socket_t socket_{context_, zmq::socket_type::pull};
+  zmq::socket_t socket_{context_, zmq::socket_type::router};
   std::string endpoint_;
 };
 

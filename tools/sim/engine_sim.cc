@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
 #include <thread>
 #include <unordered_map>
 
+#include <time.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -53,6 +56,155 @@ std::vector<scheduler::MmFeature> features_of(const std::vector<Item>& items) {
   return out;
 }
 
+// CPU time of the calling thread, ns: what the simulator's own work costs (wall time
+// would count the time a loaded machine leaves the thread waiting for a CPU).
+std::uint64_t thread_cpu_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
+}
+
+// One engine thread per TP rank, as vLLM runs one worker process per rank: run(job)
+// calls job(rank) for every rank at once (rank 0 on the calling thread) and returns
+// when all have finished. The threads are owned and joined by the destructor.
+class RankThreads {
+ public:
+  explicit RankThreads(std::size_t ranks) {
+    for (std::size_t rank = 1; rank < ranks; ++rank) threads_.emplace_back([this, rank] { loop(rank); });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  void run(const std::function<void(std::size_t)>& job) {
+    if (threads_.empty()) {
+      job(0);
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      job_ = &job;
+      remaining_ = threads_.size();
+      ++generation_;
+    }
+    start_.notify_all();
+    job(0);
+    std::unique_lock lock(mu_);
+    // A step waits for every rank (a collective); the bounded wait only re-checks.
+    while (remaining_ > 0) done_.wait_for(lock, std::chrono::milliseconds(100));
+    job_ = nullptr;
+  }
+
+ private:
+  void loop(std::size_t rank) {
+    std::uint64_t seen = 0;
+    std::unique_lock lock(mu_);
+    while (true) {
+      while (!stop_ && generation_ == seen) start_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stop_) return;
+      seen = generation_;
+      const auto* job = job_;
+      lock.unlock();
+      (*job)(rank);
+      lock.lock();
+      if (--remaining_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable start_;
+  std::condition_variable done_;
+  const std::function<void(std::size_t)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  std::size_t remaining_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// A rank's simulated encoder cache. vLLM's encoder cache is memory the engine holds
+// for its whole life (a budget on the GPU), so a load copies into warm memory: here
+// freed tensors go back to a free list by size class (1/8 steps between powers of
+// two) and are reused, each tensor its own anonymous mapping of small pages, touched
+// once when first mapped. Free buffers beyond `retain_limit` bytes are unmapped.
+class EncoderCache {
+ public:
+  explicit EncoderCache(std::uint64_t retain_limit) : retain_limit_(retain_limit) {}
+
+  Result<std::byte*> insert(const std::string& hash, std::uint64_t nbytes) {
+    erase(hash);
+    const std::uint64_t cls = size_class(nbytes);
+    std::optional<pool::Slab> memory;
+    if (auto it = free_.find(cls); it != free_.end()) {
+      memory.emplace(std::move(it->second));
+      free_.erase(it);
+      free_bytes_ -= cls;
+      ++reused_;
+    } else {
+      pool::SlabOptions options;
+      options.huge_pages = false;
+      options.prefault = true;
+      auto fresh = pool::Slab::allocate(pool::MemoryKind::host, cls, options);
+      if (!fresh) return fresh.status();
+      memory.emplace(std::move(*fresh));
+      ++mapped_;
+    }
+    std::byte* data = memory->data();
+    entries_.insert_or_assign(hash, Entry{std::move(*memory), nbytes});
+    return data;
+  }
+  void erase(const std::string& hash) {
+    auto it = entries_.find(hash);
+    if (it == entries_.end()) return;
+    const std::uint64_t cls = it->second.memory.size();
+    if (free_bytes_ + cls <= retain_limit_) {
+      free_.emplace(cls, std::move(it->second.memory));
+      free_bytes_ += cls;
+    }
+    entries_.erase(it);
+  }
+  bool contains(const std::string& hash) const { return entries_.count(hash) > 0; }
+  std::optional<std::span<const std::byte>> find(const std::string& hash) const {
+    auto it = entries_.find(hash);
+    if (it == entries_.end()) return std::nullopt;
+    return std::span<const std::byte>(it->second.memory.data(), it->second.nbytes);
+  }
+  // Pages mapped, in use or free.
+  std::uint64_t mapped_bytes(std::uint64_t page) const {
+    std::uint64_t total = free_bytes_;
+    for (const auto& [hash, e] : entries_) total += (e.memory.size() + page - 1) / page * page;
+    return total;
+  }
+  std::uint64_t reused() const { return reused_; }
+  std::uint64_t mapped() const { return mapped_; }
+
+ private:
+  struct Entry {
+    pool::Slab memory;
+    std::uint64_t nbytes = 0;
+  };
+  static std::uint64_t size_class(std::uint64_t n) {
+    constexpr std::uint64_t kMin = 64 * 1024;
+    if (n <= kMin) return kMin;
+    std::uint64_t top = 1;
+    while (top < n) top <<= 1;
+    const std::uint64_t step = top / 16;  // classes top/2 + k * top/16
+    return (n + step - 1) / step * step;
+  }
+  std::uint64_t retain_limit_;
+  std::unordered_map<std::string, Entry> entries_;
+  std::multimap<std::uint64_t, pool::Slab> free_;
+  std::uint64_t free_bytes_ = 0;
+  std::uint64_t reused_ = 0;
+  std::uint64_t mapped_ = 0;
+};
+
 }  // namespace
 
 double percentile(std::vector<double> samples, double pct) {
@@ -70,22 +222,21 @@ struct ConsumerSim::State {
   ConsumerSimOptions options;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("sim");
   zmq::context_t context{1};
-  zmq::socket_t admit{context, zmq::socket_type::pull};
+  // ROUTER: producers (DEALER) send admit messages; each resolved request is answered
+  // to its sender ({"resolved": id}), so a producer can send one item at a time.
+  zmq::socket_t admit{context, zmq::socket_type::router};
   std::string admit_endpoint;
   std::unique_ptr<scheduler::SchedulerCoordinator> scheduler;
   std::vector<std::unique_ptr<worker::WorkerCoordinator>> workers;
-  // Each cached tensor is its own anonymous mapping (a host Slab without huge pages):
-  // freeing it returns its pages at once, so the process's RSS less cache_bytes() is
-  // what ECX holds. Heap blocks of these sizes (2-18 MB, hundreds live) would leave
-  // the allocator's arenas fragmented and the RSS swinging with the workload.
-  using Cache = std::unordered_map<std::string, pool::Slab>;
-  std::vector<Cache> caches;  // one encoder cache per TP rank
+  std::vector<EncoderCache> caches;  // one encoder cache per TP rank
+  std::unique_ptr<RankThreads> ranks;
   const std::uint64_t page_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 
   struct Pending {
     scheduler::RequestView view;
     std::vector<Item> items;
     TimePoint admitted;
+    std::string sender;  // the producer's routing id
   };
   std::map<std::string, Pending> pending;          // admitted, not yet resolved
   std::vector<std::string> order;                  // admission order of `pending`
@@ -95,9 +246,27 @@ struct ConsumerSim::State {
   bool producer_done = false;
   std::uint64_t expected = 0;
 
+  // What one rank did in a step (written by that rank's thread only).
+  struct RankStep {
+    std::unordered_map<std::string, TimePoint> loaded_at;  // hash -> its load finished
+    std::set<std::string> bad;                             // hashes missing or differing in this rank's cache
+    std::uint64_t mismatches = 0;
+    std::optional<worker::WorkerMeta> meta;
+    std::uint64_t sim_ns = 0;  // the simulator's own work: cache allocation and content checks
+  };
+  std::vector<RankStep> rank_steps;
+
   void admit_messages() {
-    zmq::message_t message;
-    while (admit.recv(message, zmq::recv_flags::dontwait)) {
+    while (true) {
+      zmq::message_t identity;
+      if (!admit.recv(identity, zmq::recv_flags::dontwait)) break;
+      zmq::message_t message;
+      if (!identity.more() || !admit.recv(message, zmq::recv_flags::dontwait)) continue;
+      while (message.more()) {  // extra frames: not ours
+        zmq::message_t extra;
+        if (!admit.recv(extra, zmq::recv_flags::dontwait)) break;
+        if (!extra.more()) break;
+      }
       json doc = json::parse(message.to_string_view(), nullptr, false);
       if (doc.is_discarded() || !doc.is_object()) {
         log->warn("ignoring an unreadable admit message");
@@ -110,6 +279,7 @@ struct ConsumerSim::State {
       }
       Pending p;
       p.admitted = options.clock->now();
+      p.sender = identity.to_string();
       for (const auto& it : doc.at("items")) {
         std::vector<std::int64_t> shape = it.at("shape").get<std::vector<std::int64_t>>();
         auto dtype = parse_dtype(it.at("dtype").get<std::string>());
@@ -131,6 +301,18 @@ struct ConsumerSim::State {
     }
   }
 
+  // Tells the request's producer it resolved; a producer that left is skipped.
+  void answer(const Pending& p, bool ready) {
+    const auto text = json{{"resolved", p.view.request_id}, {"ready", ready}}.dump();
+    try {
+      if (admit.send(zmq::buffer(p.sender), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        (void)admit.send(zmq::buffer(text), zmq::send_flags::dontwait);
+      }
+    } catch (const zmq::error_t& e) {
+      log->debug("cannot answer {}: {}", p.view.request_id, e.what());
+    }
+  }
+
   // By value: callers pass ids that live in the record this erases.
   // `ready_at`: when the engine found the items loaded (before the simulator's own
   // byte-for-byte check, which is no part of the time to ready); default now.
@@ -148,6 +330,7 @@ struct ConsumerSim::State {
       ++result.progress.requests_failed;
       result.failed_requests.push_back(id);
     }
+    answer(it->second, ready);
     pending.erase(it);
     order.erase(std::remove(order.begin(), order.end(), id), order.end());
   }
@@ -170,7 +353,7 @@ struct ConsumerSim::State {
       const auto& h = p.items[i].mm_hash;
       auto& users = allocated[h];
       if (users == 0) {
-        if (!scheduler->has_cache_item(h) && !caches[0].count(h)) {
+        if (!scheduler->has_cache_item(h) && !caches[0].contains(h)) {
           log->error("request {}: item {} is neither cached nor loadable after the gate opened", p.view.request_id, h);
           ok = false;
         }
@@ -181,30 +364,31 @@ struct ConsumerSim::State {
     return ok;
   }
 
-  // The step's forward pass: every rank's encoder cache must hold every item,
-  // byte for byte (after this step's drops and loads). Then the request finishes;
-  // entries nobody uses any more are freed in the next step's metadata, as vLLM
-  // reports frees.
-  void run_request(Pending& p, bool ok, TimePoint loaded_at) {
-    for (std::size_t rank = 0; rank < caches.size() && ok; ++rank) {
+  // The step's forward pass: every rank's encoder cache must hold every item, byte
+  // for byte (checked by each rank's thread after its loads, see load_rank). Then the
+  // request finishes; entries nobody uses any more are freed in the next step's
+  // metadata, as vLLM reports frees. Ready when the last of its items was loaded on
+  // the last rank.
+  void run_request(Pending& p, bool ok, TimePoint step_at) {
+    TimePoint ready_at = step_at;
+    for (std::size_t rank = 0; rank < caches.size(); ++rank) {
+      const auto& rs = rank_steps[rank];
       for (const auto& item : p.items) {
-        auto found = caches[rank].find(item.mm_hash);
-        if (found == caches[rank].end()) {
-          log->error("rank {}: encoder cache miss for {} (request {})", rank, item.mm_hash, p.view.request_id);
+        if (rs.bad.count(item.mm_hash)) {
+          if (ok) {
+            log->error(
+                "rank {}: request {}: the encoder cache lacks {} or holds bytes that differ from what was "
+                "encoded",
+                rank, p.view.request_id, item.mm_hash);
+          }
           ok = false;
-          break;
         }
-        const pool::Slab& cached = found->second;
-        if (cached.size() != item.spec.nbytes() ||
-            !content_matches(item.mm_hash, std::span<const std::byte>(cached.data(), cached.size()))) {
-          log->error("rank {}: request {}: the encoder cache holds {} bytes for {} that differ from what was encoded",
-                     rank, p.view.request_id, cached.size(), item.mm_hash);
-          ++result.content_mismatches;
-          ok = false;
-        } else if (rank == 0) {
-          result.progress.bytes_moved += item.spec.nbytes();
-        }
+        if (auto at = rs.loaded_at.find(item.mm_hash); at != rs.loaded_at.end())
+          ready_at = std::max(ready_at, at->second);
       }
+    }
+    if (ok) {
+      for (const auto& item : p.items) result.progress.bytes_moved += item.spec.nbytes();
     }
     for (std::size_t i = 0; i < p.items.size(); ++i) scheduler->update_state_after_free(p.view, i);
     (void)scheduler->request_finished(p.view);
@@ -214,7 +398,50 @@ struct ConsumerSim::State {
         to_free.push_back(item.mm_hash);
       }
     }
-    resolve(p.view.request_id, ok, loaded_at);
+    resolve(p.view.request_id, ok, ready_at);
+  }
+
+  // One rank's part of a step, on that rank's thread: drop what the engine freed,
+  // load (each load stamped when its copy finished), report, then check the bytes of
+  // every item the step's requests use (after the stamps: no part of the time to ready).
+  void load_rank(std::size_t rank, const scheduler::ConnectorMeta& meta, const std::vector<const Item*>& used) {
+    auto& cache = caches[rank];
+    auto& rs = rank_steps[rank];
+    rs = RankStep{};
+    for (const auto& h : meta.freed) cache.erase(h);
+    std::uint64_t sim_ns = 0;
+    scheduler::ConnectorMeta one;
+    for (const auto& load : meta.loads) {
+      one.loads.assign(1, load);
+      workers[rank]->start_load_caches(
+          one,
+          [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
+            const auto t0 = thread_cpu_ns();
+            auto data = cache.insert(l.mm_hash, l.spec.nbytes());
+            sim_ns += thread_cpu_ns() - t0;
+            if (!data) return data.status();
+            return worker::LoadDestination{*data, false, 0};
+          },
+          [&cache](const std::string& h) { return cache.contains(h); });
+      rs.loaded_at[load.mm_hash] = options.clock->now();
+    }
+    rs.meta = workers[rank]->build_worker_meta();
+    const auto t0 = thread_cpu_ns();
+    for (const Item* item : used) {
+      if (rs.bad.count(item->mm_hash)) continue;
+      if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) {  // reported by the worker; dropped below
+        rs.bad.insert(item->mm_hash);
+        continue;
+      }
+      const auto cached = cache.find(item->mm_hash);
+      if (!cached) {
+        rs.bad.insert(item->mm_hash);
+      } else if (cached->size() != item->spec.nbytes() || !content_matches(item->mm_hash, *cached)) {
+        rs.bad.insert(item->mm_hash);
+        ++rs.mismatches;
+      }
+    }
+    rs.sim_ns = sim_ns + thread_cpu_ns() - t0;
   }
 
   void step() {
@@ -231,32 +458,26 @@ struct ConsumerSim::State {
     view.free_encoder_mm_hashes = std::move(to_free);
     to_free.clear();
     const auto meta = scheduler->build_connector_meta(view);
+    const auto step_at = options.clock->now();
+    std::vector<const Item*> used;
+    for (const auto& [id, ok] : scheduled) {
+      for (const auto& item : pending.at(id).items) used.push_back(&item);
+    }
     // Workers: the engine drops what it freed, the connector puts back what it
-    // retained (the sim simply does not drop those), then loads.
+    // retained (the sim simply does not drop those), then loads; every rank at once.
+    ranks->run([&](std::size_t rank) { load_rank(rank, meta, used); });
     std::optional<worker::WorkerMeta> merged;
-    for (std::size_t rank = 0; rank < workers.size(); ++rank) {
-      auto& cache = caches[rank];
-      for (const auto& h : meta.freed) cache.erase(h);
-      workers[rank]->start_load_caches(
-          meta,
-          [&cache](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
-            pool::SlabOptions small_pages;
-            small_pages.huge_pages = false;
-            auto memory = pool::Slab::allocate(pool::MemoryKind::host, load.spec.nbytes(), small_pages);
-            if (!memory) return memory.status();
-            const auto entry = cache.insert_or_assign(load.mm_hash, std::move(*memory)).first;
-            return worker::LoadDestination{entry->second.data(), false, 0};
-          },
-          [&cache](const std::string& h) { return cache.count(h) > 0; });
-      if (auto m = workers[rank]->build_worker_meta()) merged = merged ? merged->aggregate(*m) : *m;
+    for (auto& rs : rank_steps) {
+      if (rs.meta) merged = merged ? merged->aggregate(*rs.meta) : *rs.meta;
+      result.content_mismatches += rs.mismatches;
+      result.sim_engine_ns += rs.sim_ns;
     }
     for (const auto& h : merged ? merged->failed_loads : std::set<std::string>{}) {
       for (auto& cache : caches) cache.erase(h);
     }
     if (merged) scheduler->update_connector_output(merged->to_output());
-    const auto loaded_at = options.clock->now();
     for (const auto& [id, ok] : scheduled) {
-      if (auto it = pending.find(id); it != pending.end()) run_request(it->second, ok, loaded_at);
+      if (auto it = pending.find(id); it != pending.end()) run_request(it->second, ok, step_at);
     }
     for (const auto& id : scheduler->take_unavailable_requests()) {
       log->warn("request {} failed: the scheduler reports an input it cannot obtain", id);
@@ -264,12 +485,10 @@ struct ConsumerSim::State {
     }
   }
 
-  // Pages the simulated encoder caches map, all ranks.
+  // Pages the simulated encoder caches map (in use or kept for reuse), all ranks.
   std::uint64_t cache_bytes() const {
     std::uint64_t total = 0;
-    for (const auto& cache : caches) {
-      for (const auto& [hash, memory] : cache) total += (memory.size() + page_bytes - 1) / page_bytes * page_bytes;
-    }
+    for (const auto& cache : caches) total += cache.mapped_bytes(page_bytes);
     return total;
   }
 
@@ -313,7 +532,9 @@ Result<std::unique_ptr<ConsumerSim>> ConsumerSim::start(ConsumerSimOptions optio
     if (!w) return Status(w.status().code(), fmt::format("consumer rank {}: {}", rank, w.status().message()));
     state->workers.push_back(std::move(*w));
   }
-  state->caches.resize(state->workers.size());
+  for (std::size_t rank = 0; rank < state->workers.size(); ++rank) state->caches.emplace_back(config.buffer_size);
+  state->rank_steps.resize(state->workers.size());
+  state->ranks = std::make_unique<RankThreads>(state->workers.size());
   auto coordinator = worker::make_scheduler_coordinator(config, DType::bfloat16, 0, state->options.clock);
   if (!coordinator) return coordinator.status();
   state->scheduler = std::move(*coordinator);
@@ -392,7 +613,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   auto& worker = **started_worker;
 
   zmq::context_t context{1};
-  zmq::socket_t admit{context, zmq::socket_type::push};
+  zmq::socket_t admit{context, zmq::socket_type::dealer};
   admit.set(zmq::sockopt::linger, 5000);  // let the final "done" reach the consumer
   admit.set(zmq::sockopt::ipv6, 1);
   admit.set(zmq::sockopt::sndhwm, 0);
@@ -403,6 +624,15 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   }
 
   ProducerResult result;
+  // Requests sent to the consumer and not yet answered as resolved (max_unresolved).
+  std::set<std::string> unresolved;
+  auto take_answers = [&] {
+    zmq::message_t answer;
+    while (admit.recv(answer, zmq::recv_flags::dontwait)) {
+      json doc = json::parse(answer.to_string_view(), nullptr, false);
+      if (doc.is_object() && doc.contains("resolved")) unresolved.erase(doc.value("resolved", std::string()));
+    }
+  };
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
@@ -428,8 +658,11 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     std::uint64_t staging_budget =
         counters.staging_capacity - std::min(counters.staging_capacity, counters.staging_used_bytes);
     staging_budget -= std::min(staging_budget, counters.staging_capacity / 4);  // headroom for fragmentation
-    while (next < workload.size() && active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) &&
-           batch.size() < 8) {
+    take_answers();
+    const bool gated = o.max_unresolved > 0 && unresolved.size() >= static_cast<std::size_t>(o.max_unresolved);
+    while (!gated && next < workload.size() &&
+           active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) && batch.size() < 8 &&
+           (o.max_unresolved == 0 || unresolved.size() + batch.size() < static_cast<std::size_t>(o.max_unresolved))) {
       std::uint64_t bytes = 0;
       for (const auto& item : workload[next].items) bytes += item.spec.nbytes();
       if (bytes > staging_budget && active + batch.size() > 0) break;
@@ -456,7 +689,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       for (const auto& item : batch[b]->items) {
         if (!encoded.insert(item.mm_hash).second) continue;  // the engine encodes an item once per request
         buffer.resize(item.spec.nbytes());
+        const auto t0 = thread_cpu_ns();
         fill_content(item.mm_hash, buffer);
+        result.sim_ns += thread_cpu_ns() - t0;
         if (auto s = worker.save_cache(item.mm_hash, buffer.data(), buffer.size()); !s) {
           log->warn("cannot stage {}: {}", item.mm_hash, s.to_string());
         }
@@ -473,11 +708,20 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       if (params.params) message["ec_transfer_params"] = *params.params;
       const auto text = message.dump();
       admit.send(zmq::buffer(text), zmq::send_flags::none);
+      if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
       ++result.requests;
     }
     if (auto m = worker.build_worker_meta()) scheduler.update_connector_output(m->to_output());
     if (next >= workload.size() && !worker.push_engine()->pending() && o.clock->now() - started >= o.run_for) break;
-    if (batch.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (batch.empty()) {
+      if (gated) {
+        // Waiting for the consumer's answer: wake as soon as it comes.
+        zmq::pollitem_t item{static_cast<void*>(admit), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, std::chrono::milliseconds(1));
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
   }
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;

@@ -8,9 +8,11 @@
 // SchedulerCoordinator, "encodes" each image (deterministic content), binds it with
 // the WorkerCoordinator, finishes the request and forwards its ec_transfer_params to
 // the consumer over an admit channel, as a proxy would.
-// ConsumerSim (a PD instance, TP = N in one process): admits forwarded requests,
-// gates them with ensure_cache_available, loads landed payloads into per-rank
-// encoder caches, verifies every byte and records time-to-ready.
+// ConsumerSim (a PD instance, TP = N in one process, one engine thread per rank):
+// admits forwarded requests, gates them with ensure_cache_available, loads landed
+// payloads into per-rank encoder caches (warm memory, reused), records when each
+// request's last item was loaded, verifies every byte after that stamp, and answers
+// each resolved request to its producer over the admit channel.
 
 #include <atomic>
 #include <cstdint>
@@ -53,6 +55,9 @@ struct ConsumerResult {
   std::vector<double> time_to_ready_ms;  // one per ready request
   std::vector<std::string> failed_requests;
   std::string invariant_error;  // empty when every shard's bookkeeping is consistent
+  // CPU time of the simulator's own work on the engine threads (encoder-cache allocation, content
+  // checks), all ranks: what the bench costs itself, next to what it measures.
+  std::uint64_t sim_engine_ns = 0;
   bool producer_done = false;
   double wall_s = 0;
 };
@@ -96,6 +101,7 @@ struct ProducerResult {
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
   std::uint64_t rounds = 0;
+  std::uint64_t sim_ns = 0;  // CPU time of the simulator's own work: generating the encoder outputs' content
   double wall_s = 0;
 };
 
@@ -108,6 +114,9 @@ struct ProducerSimOptions {
   // this much time has passed, in the same producer (a soak of one long-lived encoder).
   Duration run_for{0};
   int max_active_pushes = 64;  // pacing: new requests wait while more pushes are in flight
+  // > 0: new requests also wait while this many were forwarded to the consumer and not
+  // yet answered as resolved there (1: one request at a time, end to end).
+  int max_unresolved = 0;
   Duration deadline = std::chrono::minutes(10);
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
 };

@@ -46,6 +46,9 @@ struct Config {
   std::uint64_t event_queue_max = 4'096;
   std::uint64_t max_frame_bytes = 1 << 20;
   std::uint64_t retry_after_ms = 5;
+
+  std::uint64_t retry_backoff_max_ms = 200;  // producers' longest wait between reserves after retry_afters
+
   std::string transport = "ucx";          // ucx | mooncake
   std::string ucx_mode = "am";            // am | put
   bool ucx_peer_errors = true;            // UCP peer error handling (off lets UCX use shared memory)
@@ -53,6 +56,9 @@ struct Config {
   std::string mooncake_lib;               // "" = ECX_MOONCAKE_LIB or the loader's search path
   std::string data_ip;                    // "" = ec_ip
   int event_port = 0;                     // 0 = ephemeral
+  // UCX tuning set by ECX (see docs/configuration.md).
+  std::uint64_t ucx_tcp_seg_size = 256 * 1024;  // UCX TCP segment size (0 = UCX's default)
+  std::uint64_t ucx_rndv_thresh = 8192;         // payloads from this size go rendezvous (0 = UCX decides)
   bool checksum = false;
   std::string auth_secret;  // "" = authentication off
   std::string auth_secret_file;

@@ -9,7 +9,9 @@
 //   - the reservation on all shards and the source tensor may arrive in either
 //     order; the payload goes out when both are there (no waiting for a model step);
 //   - a partial reserve failure abandons the shards that did reserve;
-//   - retry_after is retried until the push deadline (back-pressure, not failure);
+//   - retry_after is retried until the push deadline (back-pressure, not failure),
+//     after the consumer's delay the first time, then with exponential backoff and
+//     jitter up to retry_backoff_max;
 //   - a source is released only when no payload send may still read it;
 //   - failures are reported through drain_failures(), never thrown;
 //   - pushes that never got a source are cancelled when their requests finish.
@@ -136,8 +138,10 @@ struct PushOptions {
   std::uint64_t failure_queue_max = 65'536;
   int cancel_attempts = 2;
   int max_shards = 64;
+  Duration retry_backoff_max = std::chrono::milliseconds(200);  // longest wait between two reserves of a shard
   // push_wait_timeout_s as the deadline, reservation_ttl_s / 2 as refresh_after,
-  // reservation_ttl_s as terminal_ttl (the consumer keeps its tombstones as long).
+  // reservation_ttl_s as terminal_ttl (the consumer keeps its tombstones as long),
+  // retry_backoff_max_ms as retry_backoff_max.
   static PushOptions from_config(const Config& config);
 };
 

@@ -53,6 +53,10 @@ struct UcxOptions {
   std::string tls;  // "" = UCX_TLS from the environment (or UCX's default)
   // Payloads of at least this many bytes are sent with rendezvous (0 = UCX decides).
   std::uint64_t rndv_threshold_bytes = 8192;
+  // UCX's TCP transport moves rendezvous data in segments of this size (UCX's own
+  // default is 64 KiB: one send and one receive call per 64 KiB). 0 = UCX's default.
+  // UCX_TCP_RX_SEG_SIZE / UCX_TCP_TX_SEG_SIZE in the environment take precedence.
+  std::uint64_t tcp_seg_size_bytes = 256 * 1024;
   std::shared_ptr<const Clock> clock;  // null = SteadyClock::shared()
 
   LandingResolver resolver;             // required to receive

@@ -211,6 +211,32 @@ TEST(Push, RetryAfterIsRetriedUntilItFits) {
   EXPECT_EQ(f.m.counters().retry_afters, 1u);
 }
 
+// A shard refused again and again backs off: the consumer's delay the first time, then
+// twice as long each time (a uniform draw from the upper half of it), up to
+// retry_backoff_max; a reservation still ends it.
+TEST(Push, RepeatedRetryAfterBacksOffWithJitterUpToTheCap) {
+  PushOptions o;
+  o.retry_backoff_max = 40ms;
+  Fixture f(o);
+  f.start(push("t"), 1);
+  f.m.bind_source("img", 1, 1000);
+  const std::vector<std::pair<Duration, Duration>> bounds = {{5ms, 5ms},   {5ms, 10ms},  {10ms, 20ms},
+                                                             {20ms, 40ms}, {20ms, 40ms}, {20ms, 40ms}};
+  for (const auto& [lo, hi] : bounds) {
+    EXPECT_TRUE(f.m.on_reserve_reply("t", 0, reply::RetryAfter{5ms}).empty());
+    ASSERT_EQ(f.m.shard_state_of("t", 0), Sh::retry_wait);
+    const auto wake = f.m.next_wakeup();
+    ASSERT_TRUE(wake.has_value());
+    const Duration delay = *wake - f.clock->now();
+    EXPECT_GE(delay, lo);
+    EXPECT_LE(delay, hi);
+    f.clock->advance(delay);
+    ASSERT_EQ(f.m.tick().reserves.size(), 1u);
+  }
+  EXPECT_EQ(f.m.on_reserve_reply("t", 0, writer()).payloads.size(), 1u);
+  EXPECT_EQ(f.m.counters().retry_afters, bounds.size());
+}
+
 TEST(Push, RetryAfterPastTheDeadlineFailsThePush) {
   PushOptions o;
   o.push_deadline = 1s;
