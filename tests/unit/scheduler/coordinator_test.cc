@@ -10,12 +10,8 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Harness;
 using testing::request;
+using testing::state_of;
 using S = TransferState;
-
-S state_of(const SchedulerCoordinator& c, const std::string& id) {
-  const auto* r = c.table().find(id);
-  return r ? r->state() : S::failed;
-}
 
 // ------------------------------------------------------------------ producer
 

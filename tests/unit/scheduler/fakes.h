@@ -7,6 +7,12 @@
 
 namespace ecx::scheduler::testing {
 
+// The state of a transfer's record; failed once the table has none.
+inline TransferState state_of(const SchedulerCoordinator& c, const std::string& id) {
+  const auto* r = c.table().find(id);
+  return r ? r->state() : TransferState::failed;
+}
+
 // A coordinator wired to fakes and a manual clock.
 struct Harness {
   explicit Harness(CoordinatorOptions options = consumer_options(), int shards = 1,
