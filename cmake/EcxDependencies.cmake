@@ -10,6 +10,7 @@ find_package(cppzmq REQUIRED)
 find_package(OpenSSL 3 REQUIRED) # HMAC-SHA256 for control-plane authentication
 pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis) # the Redis backend of the embedding store
 find_package(Boost 1.74 REQUIRED)
 if(ECX_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -1,0 +1,85 @@
+#include "store/entry_format.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ecx/core/dtype.h"
+
+namespace ecx::store::detail {
+namespace {
+
+constexpr char kMagic[4] = {'E', 'C', 'X', 'E'};
+constexpr std::size_t kFixedBytes = 26;
+
+template <typename T>
+void put(std::string& out, T value) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));  // the hosts we run on are little-endian
+  out.append(bytes, sizeof(T));
+}
+
+template <typename T>
+T get(std::string_view in, std::size_t at) {
+  T value;
+  std::memcpy(&value, in.data() + at, sizeof(T));
+  return value;
+}
+
+}  // namespace
+
+std::string encode_entry_header(std::string_view model, const TensorSpec& spec, std::uint64_t checksum) {
+  std::string out;
+  out.reserve(kFixedBytes + model.size() + spec.shape().size() * sizeof(std::int64_t));
+  out.append(kMagic, sizeof(kMagic));
+  put<std::uint16_t>(out, kEntryVersion);
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(spec.dtype()));
+  put<std::uint8_t>(out, static_cast<std::uint8_t>(spec.shape().size()));
+  put<std::uint64_t>(out, spec.nbytes());
+  put<std::uint64_t>(out, checksum);
+  put<std::uint16_t>(out, static_cast<std::uint16_t>(model.size()));
+  out.append(model);
+  for (std::int64_t d : spec.shape()) put<std::int64_t>(out, d);
+  return out;
+}
+
+Result<DecodedHeader> decode_entry_header(std::string_view value, std::string_view model, std::uint64_t max_nbytes) {
+  if (value.size() < kFixedBytes) {
+    return protocol_error(
+        fmt::format("entry of {} bytes is shorter than its {}-byte header", value.size(), kFixedBytes));
+  }
+  if (std::memcmp(value.data(), kMagic, sizeof(kMagic)) != 0) return protocol_error("entry does not start with ECXE");
+  if (const auto version = get<std::uint16_t>(value, 4); version != kEntryVersion) {
+    return protocol_error(fmt::format("entry version {} (this build reads {})", version, kEntryVersion));
+  }
+  const auto dtype_code = get<std::uint8_t>(value, 6);
+  const auto rank = get<std::uint8_t>(value, 7);
+  const auto nbytes = get<std::uint64_t>(value, 8);
+  const auto checksum = get<std::uint64_t>(value, 16);
+  const auto model_len = get<std::uint16_t>(value, 24);
+  if (dtype_code >= all_dtypes().size())
+    return protocol_error(fmt::format("entry dtype code {} is unknown", dtype_code));
+  if (rank == 0 || rank > kMaxTensorRank) return protocol_error(fmt::format("entry rank {} is outside 1..8", rank));
+  const std::size_t header_bytes = kFixedBytes + model_len + std::size_t{rank} * sizeof(std::int64_t);
+  if (value.size() < header_bytes) return protocol_error("entry is truncated inside its header");
+  if (value.substr(kFixedBytes, model_len) != model) {
+    return protocol_error(
+        fmt::format("entry was written for model '{}', not '{}'", value.substr(kFixedBytes, model_len), model));
+  }
+  std::vector<std::int64_t> shape(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    shape[i] = get<std::int64_t>(value, kFixedBytes + model_len + i * sizeof(std::int64_t));
+  }
+  auto spec = TensorSpec::make(std::move(shape), all_dtypes()[dtype_code], max_nbytes);
+  if (!spec) return protocol_error("entry shape is invalid: " + spec.status().message());
+  if (spec->nbytes() != nbytes) {
+    return protocol_error(fmt::format("entry says {} bytes but its shape makes {}", nbytes, spec->nbytes()));
+  }
+  if (value.size() - header_bytes != nbytes) {
+    return protocol_error(fmt::format("entry holds {} payload bytes, its header says {} (truncated)",
+                                      value.size() - header_bytes, nbytes));
+  }
+  return DecodedHeader{std::move(*spec), checksum, header_bytes};
+}
+
+}  // namespace ecx::store::detail
