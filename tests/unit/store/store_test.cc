@@ -148,8 +148,8 @@ TEST(StoreEntryFormat, RoundTripsAndRefusesWhatDoesNotMatch) {
 TEST(StoreKeys, AreBuiltFromPrefixModelAndHashAndRefuseAmbiguousFields) {
   KeySpace k{"ecx", "Qwen/Qwen2.5-VL-7B@abc"};
   EXPECT_EQ(k.key("h1").value(), "ecx:Qwen/Qwen2.5-VL-7B@abc:h1");
-  EXPECT_NE(KeySpace{"ecx", ""}.validate().message().find("model identity"), std::string::npos);
-  EXPECT_NE(KeySpace{"a:b", "m"}.validate().message().find("key prefix"), std::string::npos);
+  EXPECT_NE((KeySpace{"ecx", ""}).validate().message().find("model identity"), std::string::npos);
+  EXPECT_NE((KeySpace{"a:b", "m"}).validate().message().find("key prefix"), std::string::npos);
   EXPECT_FALSE(KeySpace({"ecx", "m:x"}).validate());
   EXPECT_NE(k.key("").status().message().find("mm_hash"), std::string::npos);
   EXPECT_FALSE(k.key("has space"));
