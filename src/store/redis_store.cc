@@ -1,13 +1,22 @@
-// The Redis backend of the embedding store: one blocking hiredis connection with
-// connect and I/O timeouts, serialised by a mutex. A failed connection is dropped and
-// not retried before reconnect_interval_s, so a store that is down costs callers a
-// fast error, not a timeout each.
+// The Redis backend of the embedding store: one hiredis connection, serialised by a
+// mutex. hiredis connects (bounded by connect_timeout_s) and parses replies; the
+// socket is non-blocking and ECX does its own I/O on it, so that a whole round trip
+// is bounded by one deadline (io_timeout_s on the injected clock, each wait a poll
+// with what is left) and a server that went away is an error value, never a SIGPIPE.
+// A failed connection is dropped and not retried before reconnect_interval_s, so a
+// store that is down costs callers a fast error, not a timeout each.
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -33,16 +42,40 @@ timeval to_timeval(double seconds) {
   return timeval{static_cast<time_t>(micros / 1000000), static_cast<suseconds_t>(micros % 1000000)};
 }
 
-// One command's arguments, each a byte string (binary-safe).
+// One command. An argument may be several byte pieces sent back to back (a stored
+// value is its header, then the caller's payload, without copying the payload).
 struct Command {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lengths;
-  Command& arg(std::string_view a) {
-    argv.push_back(a.data());
-    lengths.push_back(a.size());
+  struct Arg {
+    std::string_view head;
+    std::string_view tail;
+  };
+  std::vector<Arg> args;
+  Command& arg(std::string_view a, std::string_view tail = {}) {
+    args.push_back(Arg{a, tail});
     return *this;
   }
 };
+
+// The RESP bytes of `commands` as iovecs; `framing` owns the "*N" / "$len" lines.
+std::vector<iovec> frame(std::span<const Command> commands, std::deque<std::string>& framing) {
+  std::vector<iovec> out;
+  auto add = [&out](std::string_view bytes) {
+    if (!bytes.empty()) out.push_back(iovec{const_cast<char*>(bytes.data()), bytes.size()});
+  };
+  for (const Command& c : commands) {
+    add(framing.emplace_back(fmt::format("*{}\r\n", c.args.size())));
+    for (const Command::Arg& a : c.args) {
+      add(framing.emplace_back(fmt::format("${}\r\n", a.head.size() + a.tail.size())));
+      add(a.head);
+      add(a.tail);
+      add("\r\n");
+    }
+  }
+  return out;
+}
+
+constexpr std::size_t kMaxIovPerSend = 512;  // below Linux's IOV_MAX (1024)
+constexpr std::size_t kRecvChunk = std::size_t{1} << 18;
 
 class RedisStore final : public EmbeddingStore {
  public:
@@ -113,12 +146,13 @@ class RedisStore final : public EmbeddingStore {
       return invalid_argument(
           fmt::format("{} is larger than max_entry_bytes {}", spec.to_string(), o_.max_entry_bytes));
     }
-    std::string value = detail::encode_entry_header(o_.keys.model, spec, XXH64(payload.data(), payload.size(), 0));
-    value.append(reinterpret_cast<const char*>(payload.data()), payload.size());
+    const std::string header =
+        detail::encode_entry_header(o_.keys.model, spec, XXH64(payload.data(), payload.size(), 0));
+    const std::string_view body(reinterpret_cast<const char*>(payload.data()), payload.size());
     const std::string ttl_ms = std::to_string(std::max<long long>(1, std::llround(o_.ttl_s * 1000)));
     std::lock_guard lock(mutex_);
     Command set;
-    set.arg("SET").arg(*key).arg(value).arg("PX").arg(ttl_ms);
+    set.arg("SET").arg(*key).arg(header, body).arg("PX").arg(ttl_ms);
     auto replies = pipeline({&set, 1});
     if (!replies) return replies.status();
     const redisReply& r = *replies->front();
@@ -136,22 +170,77 @@ class RedisStore final : public EmbeddingStore {
   std::string describe() const override { return fmt::format("redis tcp://{}:{}/{}", o_.host, o_.port, o_.database); }
 
  private:
-  // Sends every command in one write and reads every reply; on any failure the
-  // connection is dropped (hiredis cannot resynchronise a half-read pipeline).
+  // Sends every command and reads every reply within one io_timeout_s; on any failure
+  // the connection is dropped (a half-read pipeline cannot be resynchronised).
   Result<std::vector<ReplyPtr>> pipeline(std::span<const Command> commands) {
     if (Status s = connect(); !s) return s;
-    for (const Command& c : commands) {
-      if (redisAppendCommandArgv(context_.get(), static_cast<int>(c.argv.size()),
-                                 const_cast<const char**>(c.argv.data()), c.lengths.data()) != REDIS_OK) {
-        return drop("could not queue a command");
+    auto replies = exchange(*context_, commands, clock_->now() + seconds_to_duration(o_.io_timeout_s));
+    if (!replies) return drop(replies.status());
+    return replies;
+  }
+
+  // Waits until `fd` is ready for `events` or the deadline passes (timeout). With a
+  // manual clock the deadline never moves, so each wait then lasts io_timeout_s at most.
+  Status wait_for(int fd, short events, TimePoint deadline) const {
+    for (;;) {
+      const auto left = deadline - clock_->now();
+      if (left <= Duration::zero()) return timeout_error("deadline passed");
+      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+      pollfd p{fd, events, 0};
+      const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(ms, 1'000'000)));
+      if (rc > 0) return Status::ok();  // ready, or an error the next send/recv reports
+      if (rc == 0) return timeout_error("deadline passed");
+      if (errno != EINTR) return unavailable(fmt::format("poll: {}", errno_text(errno)));
+    }
+  }
+
+  Result<std::vector<ReplyPtr>> exchange(redisContext& c, std::span<const Command> commands, TimePoint deadline) {
+    std::deque<std::string> framing;
+    std::vector<iovec> iov = frame(commands, framing);
+    std::size_t next = 0;
+    while (next < iov.size()) {
+      msghdr msg{};
+      msg.msg_iov = &iov[next];
+      msg.msg_iovlen = std::min(iov.size() - next, kMaxIovPerSend);
+      const ssize_t n = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (Status s = wait_for(c.fd, POLLOUT, deadline); !s) return s;
+          continue;
+        }
+        return unavailable(fmt::format("send: {}", errno_text(errno)));
+      }
+      auto sent = static_cast<std::size_t>(n);
+      while (next < iov.size() && sent >= iov[next].iov_len) sent -= iov[next++].iov_len;
+      if (sent > 0) {
+        iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + sent;
+        iov[next].iov_len -= sent;
       }
     }
     std::vector<ReplyPtr> replies;
     replies.reserve(commands.size());
-    for (std::size_t i = 0; i < commands.size(); ++i) {
+    while (replies.size() < commands.size()) {
       void* raw = nullptr;
-      if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) return drop("no reply");
-      replies.emplace_back(static_cast<redisReply*>(raw));
+      if (redisReaderGetReply(c.reader, &raw) != REDIS_OK) {
+        return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
+      }
+      if (raw != nullptr) {
+        replies.emplace_back(static_cast<redisReply*>(raw));
+        continue;
+      }
+      const ssize_t n = ::recv(c.fd, recv_buffer_.data(), recv_buffer_.size(), 0);
+      if (n > 0) {
+        if (redisReaderFeed(c.reader, recv_buffer_.data(), static_cast<std::size_t>(n)) != REDIS_OK) {
+          return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
+        }
+      } else if (n == 0) {
+        return unavailable("the server closed the connection");
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (Status s = wait_for(c.fd, POLLIN, deadline); !s) return s;
+      } else if (errno != EINTR) {
+        return unavailable(fmt::format("recv: {}", errno_text(errno)));
+      }
     }
     return replies;
   }
@@ -169,29 +258,26 @@ class RedisStore final : public EmbeddingStore {
       last_error_ = c ? c->errstr : "out of memory";
       return down(unavailable(fmt::format("cannot connect to {}: {}", describe(), last_error_)));
     }
-    if (redisSetTimeout(c.get(), to_timeval(o_.io_timeout_s)) != REDIS_OK) {
-      last_error_ = c->errstr;
-      return down(unavailable(fmt::format("cannot set the I/O timeout on {}: {}", describe(), last_error_)));
+    const int flags = ::fcntl(c->fd, F_GETFL);
+    if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+      last_error_ = errno_text(errno);
+      return down(unavailable(fmt::format("cannot make the socket to {} non-blocking: {}", describe(), last_error_)));
     }
-    auto expect_ok = [&](Command cmd, std::string_view what) -> Status {
-      ReplyPtr r(static_cast<redisReply*>(
-          redisCommandArgv(c.get(), static_cast<int>(cmd.argv.size()), cmd.argv.data(), cmd.lengths.data())));
-      if (!r) return unavailable(fmt::format("{} failed on {}: {}", what, describe(), c->errstr));
-      if (r->type == REDIS_REPLY_ERROR)
-        return unavailable(fmt::format("{} refused by {}: {}", what, describe(), r->str));
-      return Status::ok();
-    };
-    if (!o_.password.empty()) {
-      if (Status s = expect_ok(Command{}.arg("AUTH").arg(o_.password), "AUTH"); !s) {
-        last_error_ = s.message();
-        return down(s);
+    std::vector<Command> hello;
+    if (!o_.password.empty()) hello.push_back(Command{}.arg("AUTH").arg(o_.password));
+    const std::string db = std::to_string(o_.database);
+    if (o_.database != 0) hello.push_back(Command{}.arg("SELECT").arg(db));
+    if (!hello.empty()) {
+      auto replies = exchange(*c, hello, clock_->now() + seconds_to_duration(o_.io_timeout_s));
+      Status s = replies.status();
+      for (std::size_t i = 0; s && i < replies->size(); ++i) {
+        if ((*replies)[i]->type == REDIS_REPLY_ERROR) {
+          s = unavailable(fmt::format("{} refused by {}: {}", hello[i].args[0].head, describe(), (*replies)[i]->str));
+        }
       }
-    }
-    if (o_.database != 0) {
-      const std::string db = std::to_string(o_.database);
-      if (Status s = expect_ok(Command{}.arg("SELECT").arg(db), "SELECT"); !s) {
+      if (!s) {
         last_error_ = s.message();
-        return down(s);
+        return down(unavailable(fmt::format("cannot open {}: {}", describe(), s.message())));
       }
     }
     if (was_down_) log_->info("{} reachable again", describe());
@@ -208,13 +294,14 @@ class RedisStore final : public EmbeddingStore {
     return why;
   }
 
-  Status drop(std::string_view what) {
-    const bool timed_out = context_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-    last_error_ = fmt::format("{}: {}", what, context_->errstr);
+  // A round trip failed: the connection is closed and the failure counted.
+  Status drop(const Status& why) {
+    last_error_ = why.message();
     context_.reset();
-    Status why = timed_out ? timeout_error(fmt::format("{} did not answer within {} s", describe(), o_.io_timeout_s))
-                           : unavailable(fmt::format("{} failed: {}", describe(), last_error_));
-    return down(std::move(why));
+    if (why.code() == StatusCode::timeout) {
+      return down(timeout_error(fmt::format("{} did not answer within {} s", describe(), o_.io_timeout_s)));
+    }
+    return down(Status(why.code(), fmt::format("{} failed: {}", describe(), why.message())));
   }
 
   Status fail(Status why) {
@@ -243,6 +330,7 @@ class RedisStore final : public EmbeddingStore {
   std::string last_error_;
   bool was_down_ = false;
   StoreCounters counters_;
+  std::vector<char> recv_buffer_ = std::vector<char>(kRecvChunk);
 };
 
 }  // namespace
