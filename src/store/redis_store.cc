@@ -76,6 +76,10 @@ std::vector<iovec> frame(std::span<const Command> commands, std::deque<std::stri
 
 constexpr std::size_t kMaxIovPerSend = 512;  // below Linux's IOV_MAX (1024)
 constexpr std::size_t kRecvChunk = std::size_t{1} << 18;
+// Bounds on what one round trip may read: a GET brings one entry (header, model and
+// shape are far below 64 KiB); anything else brings short replies.
+constexpr std::uint64_t kEntryOverheadBytes = std::uint64_t{64} << 10;
+constexpr std::uint64_t kSmallReplyBytes = std::uint64_t{1} << 20;
 
 class RedisStore final : public EmbeddingStore {
  public:
@@ -90,12 +94,16 @@ class RedisStore final : public EmbeddingStore {
       if (!k) return k.status();
       keys.push_back(std::move(*k));
     }
+    if (keys.empty()) return std::vector<bool>{};
     std::lock_guard lock(mutex_);
     counters_.lookups += keys.size();
     std::vector<Command> commands(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) commands[i].arg("EXISTS").arg(keys[i]);
-    auto replies = pipeline(commands);
+    auto replies = pipeline(commands, kSmallReplyBytes + 64 * std::uint64_t{keys.size()});
     if (!replies) return replies.status();
+    for (const auto& r : *replies) {
+      if (r->type == REDIS_REPLY_ERROR) return fail(unavailable(fmt::format("{} refused EXISTS: {}", describe(), r->str)));
+    }
     std::vector<bool> out;
     out.reserve(keys.size());
     for (const auto& r : *replies) {
@@ -111,13 +119,30 @@ class RedisStore final : public EmbeddingStore {
     if (!key) return key.status();
     std::lock_guard lock(mutex_);
     ++counters_.gets;
-    Command get;
-    get.arg("GET").arg(*key);
-    auto replies = pipeline({&get, 1});
+    // STRLEN, then at most one entry's worth of the value: a value too large to be an
+    // entry (another writer's, say) is refused without reading it whole.
+    const std::uint64_t limit = o_.max_entry_bytes + kEntryOverheadBytes;
+    const std::string last = std::to_string(limit);  // GETRANGE's end is inclusive: limit + 1 bytes
+    Command get[2];
+    get[0].arg("STRLEN").arg(*key);
+    get[1].arg("GETRANGE").arg(*key).arg("0").arg(last);
+    auto replies = pipeline(get, limit + kSmallReplyBytes);
     if (!replies) return replies.status();
-    const redisReply& r = *replies->front();
-    if (r.type == REDIS_REPLY_NIL) return not_found(fmt::format("no entry for {} in {}", mm_hash, describe()));
-    if (r.type != REDIS_REPLY_STRING) return fail(protocol_error(fmt::format("GET answered type {}", r.type)));
+    const redisReply& length = *(*replies)[0];
+    const redisReply& r = *(*replies)[1];
+    if (length.type != REDIS_REPLY_INTEGER || r.type != REDIS_REPLY_STRING) {
+      const redisReply& bad = length.type != REDIS_REPLY_INTEGER ? length : r;
+      return fail(unavailable(fmt::format("{} answered a read of {} with {}", describe(), mm_hash,
+                                          bad.type == REDIS_REPLY_ERROR ? std::string(bad.str, bad.len)
+                                                                        : fmt::format("reply type {}", bad.type))));
+    }
+    // A missing key reads as length 0 (an empty value is no entry either).
+    if (length.integer == 0) return not_found(fmt::format("no entry for {} in {}", mm_hash, describe()));
+    if (static_cast<std::uint64_t>(length.integer) > limit) {
+      return reject(*key, mm_hash,
+                    protocol_error(fmt::format("entry of {} bytes is over max_entry_bytes {}", length.integer,
+                                               o_.max_entry_bytes)));
+    }
     const std::string_view value(r.str, r.len);
     auto header = detail::decode_entry_header(value, o_.keys.model, o_.max_entry_bytes);
     if (!header) return reject(*key, mm_hash, header.status());
@@ -172,9 +197,13 @@ class RedisStore final : public EmbeddingStore {
  private:
   // Sends every command and reads every reply within one io_timeout_s; on any failure
   // the connection is dropped (a half-read pipeline cannot be resynchronised).
-  Result<std::vector<ReplyPtr>> pipeline(std::span<const Command> commands) {
+  // Replies longer than `max_reply_bytes` in all are refused (a value that is not
+  // ours may be any size; it is not buffered whole).
+  Result<std::vector<ReplyPtr>> pipeline(std::span<const Command> commands,
+                                         std::uint64_t max_reply_bytes = kSmallReplyBytes) {
     if (Status s = connect(); !s) return s;
-    auto replies = exchange(*context_, commands, clock_->now() + seconds_to_duration(o_.io_timeout_s));
+    auto replies =
+        exchange(*context_, commands, clock_->now() + seconds_to_duration(o_.io_timeout_s), max_reply_bytes);
     if (!replies) return drop(replies.status());
     return replies;
   }
@@ -194,7 +223,8 @@ class RedisStore final : public EmbeddingStore {
     }
   }
 
-  Result<std::vector<ReplyPtr>> exchange(redisContext& c, std::span<const Command> commands, TimePoint deadline) {
+  Result<std::vector<ReplyPtr>> exchange(redisContext& c, std::span<const Command> commands, TimePoint deadline,
+                                         std::uint64_t max_reply_bytes) {
     std::deque<std::string> framing;
     std::vector<iovec> iov = frame(commands, framing);
     std::size_t next = 0;
@@ -220,6 +250,7 @@ class RedisStore final : public EmbeddingStore {
     }
     std::vector<ReplyPtr> replies;
     replies.reserve(commands.size());
+    std::uint64_t received = 0;
     while (replies.size() < commands.size()) {
       void* raw = nullptr;
       if (redisReaderGetReply(c.reader, &raw) != REDIS_OK) {
@@ -231,6 +262,10 @@ class RedisStore final : public EmbeddingStore {
       }
       const ssize_t n = ::recv(c.fd, recv_buffer_.data(), recv_buffer_.size(), 0);
       if (n > 0) {
+        received += static_cast<std::uint64_t>(n);
+        if (received > max_reply_bytes) {
+          return protocol_error(fmt::format("reply is longer than the {} bytes expected", max_reply_bytes));
+        }
         if (redisReaderFeed(c.reader, recv_buffer_.data(), static_cast<std::size_t>(n)) != REDIS_OK) {
           return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
         }
@@ -268,7 +303,7 @@ class RedisStore final : public EmbeddingStore {
     const std::string db = std::to_string(o_.database);
     if (o_.database != 0) hello.push_back(Command{}.arg("SELECT").arg(db));
     if (!hello.empty()) {
-      auto replies = exchange(*c, hello, clock_->now() + seconds_to_duration(o_.io_timeout_s));
+      auto replies = exchange(*c, hello, clock_->now() + seconds_to_duration(o_.io_timeout_s), kSmallReplyBytes);
       Status s = replies.status();
       for (std::size_t i = 0; s && i < replies->size(); ++i) {
         if ((*replies)[i]->type == REDIS_REPLY_ERROR) {

@@ -280,6 +280,29 @@ TEST_F(StoreWithRedis, ACorruptOrTruncatedEntryIsRefusedDeletedAndNeverLanded) {
   EXPECT_TRUE(loaded == payload);
 }
 
+TEST_F(StoreWithRedis, AValueTooLargeToBeAnEntryIsRefusedWithoutReadingItWhole) {
+  RedisOptions o = options_for(server_->port());
+  o.max_entry_bytes = 1 << 20;
+  auto opened = open_redis_store(o);
+  ASSERT_TRUE(opened) << opened.status().to_string();
+  auto& store = *opened;
+  const std::string key = "ecxtest:test-model@1:img-huge";
+  ASSERT_TRUE(server_->raw({"SET", key, std::string(std::size_t{3} << 20, 'h')}));
+  std::vector<std::byte> loaded;
+  auto huge = store->get_into("img-huge", into(loaded));
+  EXPECT_EQ(huge.status().code(), StatusCode::protocol) << huge.status().to_string();
+  EXPECT_NE(huge.status().message().find("over max_entry_bytes"), std::string::npos) << huge.status().message();
+  EXPECT_EQ(server_->raw({"EXISTS", key})->integer, 0);
+  const auto c = store->counters();
+  EXPECT_EQ(c.rejected, 1u);
+  EXPECT_EQ(c.errors, 0u) << "the connection stays usable";
+  const TensorSpec too_big = spec({1024, 1024});  // 2 MiB
+  EXPECT_EQ(store->put("img-huge", too_big, pattern(too_big.nbytes(), 1)).code(), StatusCode::invalid_argument);
+  const TensorSpec s = spec({8, 8});
+  ASSERT_TRUE(store->put("img-small", s, pattern(s.nbytes(), 2)));
+  EXPECT_TRUE(store->get_into("img-small", into(loaded)));
+}
+
 TEST_F(StoreWithRedis, AnEntryWrittenUnderAnotherModelIsNeverUsed) {
   auto model_a = open("model-a");
   auto model_b = open("model-b");
