@@ -26,7 +26,7 @@ install(FILES ${CMAKE_BINARY_DIR}/ecxConfig.cmake ${CMAKE_BINARY_DIR}/ecxConfigV
 
 # pkg-config: the headers include spdlog, fmt, nlohmann-json and msgpack; the
 # library itself links the rest.
-set(ECX_PC_REQUIRES "spdlog fmt nlohmann_json libzmq ucx libxxhash libcrypto")  # msgpack-cxx: header-only, no .pc on Debian
+set(ECX_PC_REQUIRES "spdlog fmt nlohmann_json libzmq ucx libxxhash hiredis libcrypto")  # msgpack-cxx: header-only, no .pc on Debian
 set(ECX_PC_CFLAGS "")
 if(ECX_HAVE_CUDA)
   set(ECX_PC_CFLAGS "-DECX_HAVE_CUDA=1")
