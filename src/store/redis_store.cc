@@ -102,7 +102,8 @@ class RedisStore final : public EmbeddingStore {
     auto replies = pipeline(commands, kSmallReplyBytes + 64 * std::uint64_t{keys.size()});
     if (!replies) return replies.status();
     for (const auto& r : *replies) {
-      if (r->type == REDIS_REPLY_ERROR) return fail(unavailable(fmt::format("{} refused EXISTS: {}", describe(), r->str)));
+      if (r->type == REDIS_REPLY_ERROR)
+        return fail(unavailable(fmt::format("{} refused EXISTS: {}", describe(), r->str)));
     }
     std::vector<bool> out;
     out.reserve(keys.size());
@@ -132,9 +133,9 @@ class RedisStore final : public EmbeddingStore {
     const redisReply& r = *(*replies)[1];
     if (length.type != REDIS_REPLY_INTEGER || r.type != REDIS_REPLY_STRING) {
       const redisReply& bad = length.type != REDIS_REPLY_INTEGER ? length : r;
-      return fail(unavailable(fmt::format("{} answered a read of {} with {}", describe(), mm_hash,
-                                          bad.type == REDIS_REPLY_ERROR ? std::string(bad.str, bad.len)
-                                                                        : fmt::format("reply type {}", bad.type))));
+      return fail(unavailable(fmt::format(
+          "{} answered a read of {} with {}", describe(), mm_hash,
+          bad.type == REDIS_REPLY_ERROR ? std::string(bad.str, bad.len) : fmt::format("reply type {}", bad.type))));
     }
     // A missing key reads as length 0 (an empty value is no entry either).
     if (length.integer == 0) return not_found(fmt::format("no entry for {} in {}", mm_hash, describe()));
@@ -202,8 +203,7 @@ class RedisStore final : public EmbeddingStore {
   Result<std::vector<ReplyPtr>> pipeline(std::span<const Command> commands,
                                          std::uint64_t max_reply_bytes = kSmallReplyBytes) {
     if (Status s = connect(); !s) return s;
-    auto replies =
-        exchange(*context_, commands, clock_->now() + seconds_to_duration(o_.io_timeout_s), max_reply_bytes);
+    auto replies = exchange(*context_, commands, clock_->now() + seconds_to_duration(o_.io_timeout_s), max_reply_bytes);
     if (!replies) return drop(replies.status());
     return replies;
   }

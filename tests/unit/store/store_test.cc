@@ -9,8 +9,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
