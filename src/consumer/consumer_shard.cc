@@ -303,13 +303,15 @@ ConsumerShard::ConsumerShard(std::shared_ptr<State> state) : state_(std::move(st
 
 ConsumerShard::~ConsumerShard() { shutdown(); }
 
-DrainReport ConsumerShard::shutdown() {
+DrainReport ConsumerShard::shutdown() { return shutdown(seconds_to_duration(state_->config.shutdown_drain_timeout_s)); }
+
+DrainReport ConsumerShard::shutdown(Duration drain) {
   auto& s = *state_;
   std::lock_guard lock(s.shutdown_mutex);
   if (s.drained) return *s.drained;
   s.reservations->begin_shutdown();
   s.publish_events();
-  const auto report = s.reservations->wait_for_writers(seconds_to_duration(s.config.shutdown_drain_timeout_s));
+  const auto report = s.reservations->wait_for_writers(drain);
   s.publisher.store(nullptr, std::memory_order_release);
   if (s.server) s.server->stop();
   if (report.writers_finished) {

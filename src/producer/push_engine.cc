@@ -816,14 +816,28 @@ void PushEngine::shutdown(Duration timeout) {
     if (!s.accepting) return;
     s.accepting = false;
   }
-  if (!wait_idle(timeout)) {
-    s.log->warn("producer shutdown: pushes still in flight after {:.1f} s; abandoning them",
-                duration_to_seconds(timeout));
+  // One budget for the whole shutdown, so it ends within `timeout` whatever the
+  // consumers do: three quarters for the pushes in flight, the rest for the abandon
+  // cancels of what never got a source (so a live consumer frees those slots now,
+  // not at the reservation TTL). A dead consumer answers neither; its leases expire.
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + timeout;
+  if (!wait_idle(timeout * 3 / 4)) {
+    s.log->warn(
+        "producer shutdown: {} push(es) still in flight and {} push(es) or source(s) waiting for a consumer's topology "
+        "after "
+        "{:.2f} s; abandoning them",
+        s.pushes.counters().active, s.parked.load(std::memory_order_acquire), duration_to_seconds(timeout * 3 / 4));
   }
-  // Abandon what never got a source (so the consumer frees its slots now, not at
-  // the reservation TTL), give those cancels one control timeout, then stop.
   s.enqueue(AbandonSourcelessCommand{});
-  (void)wait_idle(std::min<Duration>(timeout, s.config.control_timeout()));
+  const auto left = std::max<Duration>(
+      Duration::zero(), std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now()));
+  if (!wait_idle(left)) {
+    s.log->warn(
+        "producer shutdown: {} push(es), sources or cancels unfinished after {:.2f} s; the consumers' "
+        "reservation leases release what they hold",
+        s.pushes.counters().active + s.parked.load(std::memory_order_acquire), duration_to_seconds(timeout));
+  }
   {
     std::lock_guard lock(s.inbox_mutex);
     s.stopping = true;

@@ -187,8 +187,15 @@ void WorkerCoordinator::shutdown() {
     for (auto id : collectors_) registry_->remove_collector(id);
     collectors_.clear();
   }
-  if (pushes_) pushes_->shutdown(seconds_to_duration(config_.shutdown_drain_timeout_s));
-  if (shard_) (void)shard_->shutdown();
+  // One drain budget for the worker, whatever roles it holds: shutdown must end
+  // within it even when every peer is gone.
+  const auto budget = seconds_to_duration(config_.shutdown_drain_timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  if (pushes_) pushes_->shutdown(budget);
+  if (shard_) {
+    (void)shard_->shutdown(std::max<Duration>(
+        Duration::zero(), std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now())));
+  }
   cuda_.reset();
 }
 
