@@ -34,15 +34,21 @@ class InboxEventSource final : public scheduler::EventSource {
   InboxEventSource(std::shared_ptr<control::ControlClient> client, std::unique_ptr<control::EventInbox> inbox)
       : client_(std::move(client)), inbox_(std::move(inbox)) {}
 
+  // Hands on at most `max_events`; what the inbox delivered beyond that waits in
+  // buffer_ for the next call (the inbox's own bound, max_events_per_drain, keeps
+  // buffer_ bounded: it is refilled only once it is empty).
   std::size_t drain(std::vector<scheduler::TransferEvent>& out, std::size_t max_events) override {
     if (!inbox_) return 0;
-    buffer_.clear();
-    inbox_->drain(buffer_);
     std::size_t appended = 0;
-    for (const auto& e : buffer_) {
-      if (appended == max_events) break;  // the inbox's own bound is max_events_per_drain
-      out.push_back(to_scheduler(e));
-      ++appended;
+    while (appended < max_events) {
+      if (next_ == buffer_.size()) {
+        buffer_.clear();
+        next_ = 0;
+        if (inbox_->drain(buffer_) == 0) break;
+      }
+      for (; next_ < buffer_.size() && appended < max_events; ++next_, ++appended) {
+        out.push_back(to_scheduler(buffer_[next_]));
+      }
     }
     return appended;
   }
@@ -53,6 +59,7 @@ class InboxEventSource final : public scheduler::EventSource {
   std::shared_ptr<control::ControlClient> client_;
   std::unique_ptr<control::EventInbox> inbox_;
   std::vector<wire::Event> buffer_;
+  std::size_t next_ = 0;  // first event of buffer_ not handed on yet
 };
 
 class ClientConsumerControl final : public scheduler::ConsumerControl {
