@@ -8,6 +8,7 @@
 
 #include "ecx/core/logging.h"
 #include "ecx/core/sanitizers.h"
+#include "ecx/core/stages.h"
 #include "ecx/pool/slab.h"
 #include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
@@ -56,6 +57,7 @@ wire::Event to_wire(const ReservationEvent& event) {
           out.kind = wire::EventKind::ready;
           out.reservation_id = e.reservation_id;
           out.spec = e.spec;
+          out.sent_ns = stages::monotonic_ns();
         } else if constexpr (std::is_same_v<T, AbandonedEvent>) {
           out.kind = wire::EventKind::abandoned;
         } else {
@@ -152,7 +154,9 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
       log->warn("shard {}: payload for transfer_id={} did not arrive: {}", config.layout.tp_rank, header->transfer_id,
                 status.to_string());
     }
+    const TimePoint verify_started = clock->now();
     reservations->complete_landing(header->transfer_id, header->reservation_id, status.is_ok(), header->checksum);
+    if (status) stages::record(stages::Stage::landing, clock->now() - verify_started);
     publish_events();
   }
 };

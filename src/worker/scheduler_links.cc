@@ -2,6 +2,7 @@
 
 #include "ecx/control/event_inbox.h"
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 
 namespace ecx::worker {
 namespace {
@@ -25,6 +26,11 @@ scheduler::TransferEvent to_scheduler(const wire::Event& e) {
   out.spec = e.spec;
   out.reservation_id = e.reservation_id;
   out.reason = e.error.message();
+  if (e.sent_ns != 0) {
+    // Signed: a publisher on another host (its clock unrelated) gives nonsense, dropped.
+    const auto elapsed = static_cast<std::int64_t>(stages::monotonic_ns() - e.sent_ns);
+    if (elapsed < std::int64_t{3'600'000'000'000}) stages::record(stages::Stage::event_delivery, Duration{elapsed});
+  }
   return out;
 }
 

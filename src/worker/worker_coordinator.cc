@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
 
 namespace ecx::worker {
@@ -112,6 +113,7 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
       fail(destination.status());
       continue;
     }
+    const TimePoint copy_started = clock_->now();
     if (!destination->cuda) {
       std::memcpy(destination->data, lease->data(), lease->nbytes());
     } else {
@@ -136,6 +138,7 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
         continue;
       }
     }
+    stages::record(stages::Stage::load_copy, clock_->now() - copy_started);
     lease->release();
     step_.loaded.insert(load.mm_hash);
     report.loaded.push_back(load.mm_hash);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ecx/core/config.h"
+#include "ecx/core/stages.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
 
@@ -96,6 +97,7 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   auto producer = ChildProcess::spawn(producer_argv(w, **consumer, port));
   ASSERT_TRUE(producer) << producer.status().to_string();
 
+  const auto stages_before = stages::snapshot();
   const auto result = (*consumer)->run();
   const auto exit_code = producer->wait(std::chrono::seconds(60));
 
@@ -111,6 +113,14 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   EXPECT_EQ(result.live_reservations, 0U);
   EXPECT_EQ(result.leaked_pool_bytes, 0U);
   EXPECT_EQ(result.invariant_error, "");
+  // This process is the consumer instance: its stages saw every item (each TP rank
+  // lands, reports and copies its own; the scheduler dispatches each load once).
+  const auto stages_after = stages::snapshot();
+  for (auto stage : {stages::Stage::landing, stages::Stage::event_delivery, stages::Stage::load_copy}) {
+    const auto i = static_cast<std::size_t>(stage);
+    EXPECT_GE(stages_after[i].since(stages_before[i]).count, result.items_ready)
+        << stages::stage_name(stage) << " missed items";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd,
