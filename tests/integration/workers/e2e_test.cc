@@ -113,13 +113,16 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   EXPECT_EQ(result.live_reservations, 0U);
   EXPECT_EQ(result.leaked_pool_bytes, 0U);
   EXPECT_EQ(result.invariant_error, "");
-  // This process is the consumer instance: its stages saw every item (each TP rank
-  // lands, reports and copies its own; the scheduler dispatches each load once).
+  // This process is the consumer instance: it recorded each of its stages, at most
+  // once per item and rank (repeats served from the resident cache or already in the
+  // engine's cache skip landing and copying).
   const auto stages_after = stages::snapshot();
-  for (auto stage : {stages::Stage::landing, stages::Stage::event_delivery, stages::Stage::load_copy}) {
+  for (auto stage : {stages::Stage::landing, stages::Stage::event_delivery, stages::Stage::load_dispatch,
+                     stages::Stage::load_copy}) {
     const auto i = static_cast<std::size_t>(stage);
-    EXPECT_GE(stages_after[i].since(stages_before[i]).count, result.items_ready)
-        << stages::stage_name(stage) << " missed items";
+    const auto observed = stages_after[i].since(stages_before[i]).count;
+    EXPECT_GT(observed, 0U) << stages::stage_name(stage) << " was never recorded";
+    EXPECT_LE(observed, result.items_ready * static_cast<std::uint64_t>(tp)) << stages::stage_name(stage);
   }
 }
 
