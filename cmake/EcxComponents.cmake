@@ -3,6 +3,17 @@
 # components below NAME in ECX_COMPONENT_ORDER, so dependencies always point down.
 set_property(GLOBAL PROPERTY ECX_COMPONENT_TARGETS "")
 
+#
+# A component sees only its own headers and those of what it depends on (directly
+# or through its dependencies): it compiles against a view of the tree made of links
+# to exactly those folders (build/component-include/NAME/{ecx/<c>, <c>} for each
+# such c), so including any other component's header fails the build. Code outside
+# the components (tests, tools, benches) uses the whole tree: ecx_use_whole_tree().
+function(ecx_use_whole_tree target scope)
+  target_include_directories(${target} ${scope}
+    $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include> $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/src>)
+endfunction()
+
 function(ecx_component name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPENDS;LIBS" ${ARGN})
   list(FIND ECX_COMPONENT_ORDER ${name} my_index)
@@ -19,9 +30,26 @@ function(ecx_component name)
     endif()
     list(APPEND deps ecx_${dep})
   endforeach()
+  # What this component may include: itself and the closure of its DEPENDS.
+  set(visible ${name})
+  foreach(dep IN LISTS ARG_DEPENDS)
+    get_property(dep_visible GLOBAL PROPERTY ECX_VISIBLE_${dep})
+    list(APPEND visible ${dep} ${dep_visible})
+  endforeach()
+  list(REMOVE_DUPLICATES visible)
+  set_property(GLOBAL PROPERTY ECX_VISIBLE_${name} ${visible})
+  set(view ${CMAKE_BINARY_DIR}/component-include/${name})
+  file(REMOVE_RECURSE ${view})
+  file(MAKE_DIRECTORY ${view}/ecx)
+  foreach(component IN LISTS visible)
+    if(EXISTS ${CMAKE_SOURCE_DIR}/include/ecx/${component})
+      file(CREATE_LINK ${CMAKE_SOURCE_DIR}/include/ecx/${component} ${view}/ecx/${component} SYMBOLIC)
+    endif()
+    file(CREATE_LINK ${CMAKE_SOURCE_DIR}/src/${component} ${view}/${component} SYMBOLIC)
+  endforeach()
   add_library(ecx_${name} STATIC ${ARG_SOURCES})
-  target_include_directories(ecx_${name} PUBLIC
-    $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include> $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/src>)
+  # PUBLIC: a component linking this one sees this view too, a subset of its own.
+  target_include_directories(ecx_${name} PUBLIC $<BUILD_INTERFACE:${view}>)
   target_link_libraries(ecx_${name} PUBLIC ${deps} ${ARG_LIBS} PRIVATE ecx_warnings)
   if(ECX_HAVE_CUDA)
     target_compile_definitions(ecx_${name} PUBLIC ECX_HAVE_CUDA=1)

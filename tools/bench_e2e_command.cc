@@ -31,6 +31,7 @@
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
 
@@ -122,6 +123,53 @@ Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& hos
   return parse_config(doc.dump(), layout);
 }
 
+// ---------------------------------------------------------------- stages
+
+using StageSnapshots = std::array<metrics::Histogram::Snapshot, stages::kStageCount>;
+
+// What this process recorded of `which` stages since `before`: count, mean and the
+// histogram's p50/p99 (interpolated inside 1-2.5-5 buckets: coarse, the mean is exact).
+json stage_report(const StageSnapshots& before, std::initializer_list<stages::Stage> which) {
+  const auto now = stages::snapshot();
+  json out = json::object();
+  for (auto stage : which) {
+    const auto i = static_cast<std::size_t>(stage);
+    const auto d = now[i].since(before[i]);
+    out[std::string(stages::stage_name(stage))] = {
+        {"count", d.count},
+        {"mean_us", d.count > 0 ? d.sum / static_cast<double>(d.count) * 1e6 : 0.0},
+        {"p50_us", d.quantile(0.5) * 1e6},
+        {"p99_us", d.quantile(0.99) * 1e6}};
+  }
+  return out;
+}
+
+constexpr std::initializer_list<stages::Stage> kProducerStages = {stages::Stage::reserve, stages::Stage::source_wait,
+                                                                  stages::Stage::staging_copy, stages::Stage::wire};
+constexpr std::initializer_list<stages::Stage> kConsumerStages = {
+    stages::Stage::landing, stages::Stage::event_delivery, stages::Stage::load_dispatch, stages::Stage::load_copy};
+
+void print_stage_table(const std::vector<json>& phases) {
+  const TextTable table(
+      {{"size", 8}, {"phase", 10}, {"stage", 15}, {"count", 7}, {"mean us", 9}, {"p50 us", 9}, {"p99 us", 9}});
+  std::cout << "\nper stage (ecx_transfer_stage_seconds; producer stages first, then the consumer's):\n";
+  table.print_header(std::cout);
+  for (const auto& e2e : phases) {
+    if (!e2e.contains("stages")) continue;
+    for (const auto& list : {kProducerStages, kConsumerStages}) {
+      for (auto stage : list) {
+        const auto name = std::string(stages::stage_name(stage));
+        if (!e2e["stages"].contains(name)) continue;
+        const auto& st = e2e["stages"][name];
+        table.print_row(std::cout,
+                        {byte_size_label(e2e.value("size_bytes", std::uint64_t{0})), e2e.value("phase", std::string()),
+                         name, std::to_string(st.value("count", std::uint64_t{0})), cell(st, "mean_us", 1),
+                         cell(st, "p50_us", 1), cell(st, "p99_us", 1)});
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- consumer role
 
 Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::string& host, int port) {
@@ -143,6 +191,7 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
       last_ready_s = p.elapsed_s;
     }
   };
+  const auto stages_before = stages::snapshot();
   auto consumer = sim::ConsumerSim::start(std::move(options));
   if (!consumer) return consumer.status();
   std::cout << json{{"event", "listening"}, {"admit", (*consumer)->admit_endpoint()}}.dump() << std::endl;
@@ -180,7 +229,8 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
            {"leaked_pool_bytes", r.leaked_pool_bytes},
            {"checksum_mismatches", r.checksum_mismatches},
            {"content_mismatches", r.content_mismatches},
-           {"invariant_error", r.invariant_error}};
+           {"invariant_error", r.invariant_error},
+           {"stages", stage_report(stages_before, kConsumerStages)}};
   out["ok"] = r.progress.requests_failed == 0 && r.progress.requests_ready == phase.items && r.leaked_pool_bytes == 0 &&
               r.checksum_mismatches == 0 && r.content_mismatches == 0 && r.invariant_error.empty();
   return out;
@@ -297,6 +347,7 @@ int run_producer_role(const E2eOptions& o) {
     options.workload.repeat_fraction = 0;
     options.workload.fixed_bytes = phase.size;
     options.workload.id_prefix = fmt::format("e2e{}-{}", k, ::getpid());
+    const auto stages_before = stages::snapshot();
     auto r = sim::run_producer(options, &g_stop);
     if (!r) {
       std::cerr << "ecx bench e2e producer: " << r.status().message() << "\n";
@@ -311,7 +362,8 @@ int run_producer_role(const E2eOptions& o) {
                       {"retry_afters", r->retry_afters},
                       {"sim_us_per_item",
                        r->items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->items) : 0.0},
-                      {"wall_s", r->wall_s}}
+                      {"wall_s", r->wall_s},
+                      {"stages", stage_report(stages_before, kProducerStages)}}
                      .dump()
               << std::endl;
   }
@@ -452,6 +504,7 @@ int run_all(const E2eOptions& o) {
     if (k < produced.size()) {
       e2e["retry_afters"] = produced[k].value("retry_afters", std::uint64_t{0});
       e2e["producer_sim_us_per_item"] = produced[k].value("sim_us_per_item", 0.0);
+      if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
     std::optional<json> raw;
     if (o.baseline) {
@@ -483,6 +536,7 @@ int run_all(const E2eOptions& o) {
          "ratio: ecx_e2e divided by transport_raw; sim us: the simulator's own CPU time per item, consumer engine "
          "threads (encoder-cache allocation, content check after the ready stamp) + producer (generating the "
          "content), no part of ECX\n";
+  print_stage_table(results);
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";
   if (!o.json_file.empty()) {
     if (auto st = write_json_file(o.json_file, series); !st) {

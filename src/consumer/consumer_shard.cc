@@ -8,6 +8,7 @@
 
 #include "ecx/core/logging.h"
 #include "ecx/core/sanitizers.h"
+#include "ecx/core/stages.h"
 #include "ecx/pool/slab.h"
 #include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
@@ -56,6 +57,7 @@ wire::Event to_wire(const ReservationEvent& event) {
           out.kind = wire::EventKind::ready;
           out.reservation_id = e.reservation_id;
           out.spec = e.spec;
+          out.sent_ns = stages::monotonic_ns();
         } else if constexpr (std::is_same_v<T, AbandonedEvent>) {
           out.kind = wire::EventKind::abandoned;
         } else {
@@ -99,6 +101,7 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
   std::unique_ptr<transport::Transport> transport;
   transport::RegionHandle region;
   std::string data_address;
+  bool one_sided = false;  // producers write the pool themselves and `complete` (feature "put")
   std::unique_ptr<control::ControlServer> server;
   std::atomic<control::ControlServer*> publisher{nullptr};
   std::atomic<std::uint64_t> headers_rejected{0};
@@ -151,7 +154,9 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
       log->warn("shard {}: payload for transfer_id={} did not arrive: {}", config.layout.tp_rank, header->transfer_id,
                 status.to_string());
     }
+    const TimePoint verify_started = clock->now();
     reservations->complete_landing(header->transfer_id, header->reservation_id, status.is_ok(), header->checksum);
+    if (status) stages::record(stages::Stage::landing, clock->now() - verify_started);
     publish_events();
   }
 };
@@ -170,13 +175,13 @@ class ShardHandler final : public control::ControlHandler {
     const auto& c = state_->config;
     reply.data.transport = c.transport;
     reply.data.address = state_->data_address;
-    if (c.transport == "mooncake") {
+    if (state_->one_sided) {
       reply.data.segment = state_->data_address;
       reply.data.base = reinterpret_cast<std::uint64_t>(state_->slab->data());
     }
     // One-sided (the producer writes at the reserved offset, then `complete`s) only
     // over Mooncake: UCX put still lands through a grant from the payload's header.
-    reply.features.emplace_back(c.transport != "ucx" ? wire::kFeatureOneSided : wire::kFeatureActiveMessages);
+    reply.features.emplace_back(state_->one_sided ? wire::kFeatureOneSided : wire::kFeatureActiveMessages);
     if (c.checksum) reply.features.emplace_back(wire::kFeatureChecksum);
     if (!c.auth_secret.empty()) reply.features.emplace_back(wire::kFeatureAuth);
     reply.pool_bytes = state_->slab->size();
@@ -187,7 +192,7 @@ class ShardHandler final : public control::ControlHandler {
                                                  std::span<const wire::ReserveItem> items) override {
     std::vector<wire::ReserveResult> results;
     results.reserve(items.size());
-    const bool one_sided = state_->config.transport != "ucx";
+    const bool one_sided = state_->one_sided;
     for (const auto& item : items) {
       ReserveRequest request{item.transfer_id, item.mm_hash, item.spec, item.checksum};
       results.push_back(to_wire(state_->reservations->reserve(request), one_sided));
@@ -207,17 +212,23 @@ class ShardHandler final : public control::ControlHandler {
   Result<wire::StatusReply> status(const control::RequestContext& /*context*/,
                                    const wire::StatusRequest& request) override {
     wire::StatusReply reply;
-    if (auto s = state_->reservations->state_of(request.transfer_id)) {
+    if (auto record = state_->reservations->describe(request.transfer_id)) {
       reply.found = true;
-      reply.state = std::string(reservation_state_name(*s));
+      reply.state = std::string(reservation_state_name(record->state));
+      reply.mm_hash = std::move(record->mm_hash);
+      reply.reservation_id = record->reservation_id;
+      reply.generation = record->generation;
+      reply.spec = std::move(record->spec);
     }
     return reply;
   }
 
   Result<wire::CompleteReply> complete(const control::RequestContext& /*context*/,
                                        const wire::CompleteRequest& request) override {
-    const auto result =
-        state_->reservations->writer_completed(request.transfer_id, request.reservation_id, request.checksum);
+    // As protocol.md §4.5 says: only a shard advertising `put` takes completions.
+    if (!state_->one_sided) return protocol_error("this shard does not accept 'complete' (it lands payloads itself)");
+    const auto result = state_->reservations->writer_completed(request.transfer_id, request.reservation_id,
+                                                               request.checksum, request.generation);
     state_->publish_events();
     return wire::CompleteReply{result != CompletionOutcome::rejected, result == CompletionOutcome::became_ready};
   }
@@ -236,6 +247,7 @@ class ShardHandler final : public control::ControlHandler {
 Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config, std::shared_ptr<const Clock> clock) {
   auto state = std::make_shared<State>();
   state->config = config;
+  state->one_sided = config.transport != "ucx";
   state->clock = clock ? std::move(clock) : SteadyClock::shared();
   const int rank = config.layout.tp_rank;
 
@@ -303,13 +315,15 @@ ConsumerShard::ConsumerShard(std::shared_ptr<State> state) : state_(std::move(st
 
 ConsumerShard::~ConsumerShard() { shutdown(); }
 
-DrainReport ConsumerShard::shutdown() {
+DrainReport ConsumerShard::shutdown() { return shutdown(seconds_to_duration(state_->config.shutdown_drain_timeout_s)); }
+
+DrainReport ConsumerShard::shutdown(Duration drain) {
   auto& s = *state_;
   std::lock_guard lock(s.shutdown_mutex);
   if (s.drained) return *s.drained;
   s.reservations->begin_shutdown();
   s.publish_events();
-  const auto report = s.reservations->wait_for_writers(seconds_to_duration(s.config.shutdown_drain_timeout_s));
+  const auto report = s.reservations->wait_for_writers(drain);
   s.publisher.store(nullptr, std::memory_order_release);
   if (s.server) s.server->stop();
   if (report.writers_finished) {

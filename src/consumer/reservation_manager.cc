@@ -109,7 +109,8 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   LandingResolution resolve_landing(std::string_view tid, const ReservationId& rid, std::uint64_t nbytes,
                                     std::uint64_t generation);
   CompletionOutcome complete_write(std::string_view tid, const ReservationId& rid, bool ok,
-                                   std::optional<std::uint64_t> checksum, bool one_sided_call);
+                                   std::optional<std::uint64_t> checksum, bool one_sided_call,
+                                   std::optional<std::uint64_t> generation = std::nullopt);
   Result<SlotLease> take(std::string_view tid, std::string_view mm_hash);
   Result<SlotLease> take_resident(std::string_view mm_hash, const TensorSpec& spec);
   void release_lease(std::uint64_t entry_id) noexcept;
@@ -123,6 +124,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   DrainReport wait_for_writers(Duration timeout);
   ReservationCounters counters() const;
   std::optional<S> state_of(std::string_view tid) const;
+  std::optional<ReservationManager::RecordView> describe(std::string_view tid) const;
   Status check_invariants() const;
 
  private:
@@ -770,7 +772,8 @@ LandingResolution ReservationCore::resolve_landing(std::string_view tid, const R
 }
 
 CompletionOutcome ReservationCore::complete_write(std::string_view tid, const ReservationId& rid, bool ok,
-                                                  std::optional<std::uint64_t> checksum, bool one_sided_call) {
+                                                  std::optional<std::uint64_t> checksum, bool one_sided_call,
+                                                  std::optional<std::uint64_t> generation) {
   std::unique_lock lock(mu_);
   auto reject = [this] {
     ++counters_.completions_rejected;
@@ -778,6 +781,7 @@ CompletionOutcome ReservationCore::complete_write(std::string_view tid, const Re
   };
   auto accepts = [&](const Record& rec) {
     if (rec.reservation_id != rid || !rec.writer || rec.entry == 0 || rec.finishing) return false;
+    if (generation && *generation != rec.generation) return false;
     if (!entry(rec.entry).write_open) return false;
     const bool mode_ok = one_sided_call == (options_.mode == LandingMode::one_sided);
     const S first = one_sided_call ? S::writing : S::landing;
@@ -786,8 +790,8 @@ CompletionOutcome ReservationCore::complete_write(std::string_view tid, const Re
   Record* r = find(tid);
   // A one-sided producer repeating its completion, or completing a follower it never
   // wrote, must not fail its whole batch: both are accepted no-ops.
-  if (one_sided_call && r != nullptr && r->reservation_id == rid && (r->state == S::ready || !r->writer) &&
-      !is_terminal(r->state)) {
+  if (one_sided_call && r != nullptr && r->reservation_id == rid && (!generation || *generation == r->generation) &&
+      (r->state == S::ready || !r->writer) && !is_terminal(r->state)) {
     return CompletionOutcome::repeated;
   }
   if (r == nullptr || !accepts(*r)) return reject();
@@ -1063,6 +1067,14 @@ std::optional<S> ReservationCore::state_of(std::string_view tid) const {
   return it->second.state;
 }
 
+std::optional<ReservationManager::RecordView> ReservationCore::describe(std::string_view tid) const {
+  std::lock_guard lock(mu_);
+  auto it = records_.find(std::string(tid));
+  if (it == records_.end()) return std::nullopt;
+  const Record& r = it->second;
+  return ReservationManager::RecordView{r.state, r.mm_hash, r.reservation_id, r.generation, r.spec};
+}
+
 Status ReservationCore::check_invariants() const {
   std::lock_guard lock(mu_);
   auto fail = [](std::string what) { return internal_error(std::move(what)); };
@@ -1192,8 +1204,9 @@ CompletionOutcome ReservationManager::complete_landing(std::string_view transfer
 
 CompletionOutcome ReservationManager::writer_completed(std::string_view transfer_id,
                                                        const ReservationId& reservation_id,
-                                                       std::optional<std::uint64_t> checksum) {
-  return core_->complete_write(transfer_id, reservation_id, true, checksum, true);
+                                                       std::optional<std::uint64_t> checksum,
+                                                       std::optional<std::uint64_t> generation) {
+  return core_->complete_write(transfer_id, reservation_id, true, checksum, true, generation);
 }
 
 CancelOutcome ReservationManager::writer_abandoned(std::string_view transfer_id, const ReservationId& reservation_id) {
@@ -1216,6 +1229,9 @@ DrainReport ReservationManager::wait_for_writers(Duration timeout) { return core
 ReservationCounters ReservationManager::counters() const { return core_->counters(); }
 std::optional<ReservationState> ReservationManager::state_of(std::string_view transfer_id) const {
   return core_->state_of(transfer_id);
+}
+std::optional<ReservationManager::RecordView> ReservationManager::describe(std::string_view transfer_id) const {
+  return core_->describe(transfer_id);
 }
 Status ReservationManager::check_invariants() const { return core_->check_invariants(); }
 

@@ -277,7 +277,8 @@ void ControlClient::State::discover(const std::string& base, Duration timeout, c
     return;
   }
   auto fail_or_retry = [this, base, timeout, done, attempt](const Status& why) {
-    if (attempt < kDiscoveryAttempts) {
+    // A client that is shutting down cancels its calls: no point asking again.
+    if (attempt < kDiscoveryAttempts && !stopping.load(std::memory_order_acquire)) {
       log->info("discovery of {} failed ({}); retrying", base, why.message());
       discover(base, timeout, done, attempt + 1);
       return;

@@ -276,8 +276,7 @@ const std::vector<KeySpec>& key_table() {
     top("ec_connector_extra_config", "object", "{}", "ECX's own settings: the keys below.", nullptr);
 
     extra("control_timeout_s", "seconds", "30",
-          "Deadline of every control request (reserve, cancel, discovery) and of the consumer's shutdown drain unless "
-          "shutdown_drain_timeout_s is set.",
+          "Deadline of every control request (reserve, cancel, discovery). Shutdown never waits for it.",
           set_seconds(&Config::control_timeout_s));
     extra("push_wait_timeout_s", "seconds", "60",
           "How long a consumer request waits for its pushes (also the LOADING deadline) and how long a producer keeps "
@@ -287,10 +286,10 @@ const std::vector<KeySpec>& key_table() {
           "Lease of an unfinished reservation and of an AVAILABLE record; also the tombstone TTL. Scheduler and "
           "workers must agree.",
           set_seconds(&Config::reservation_ttl_s));
-    extra(
-        "shutdown_drain_timeout_s", "seconds", "30",
-        "How long a consumer's shutdown waits for in-flight writers before giving up (the pool then stays registered).",
-        set_seconds(&Config::shutdown_drain_timeout_s));
+    extra("shutdown_drain_timeout_s", "seconds", "1.5",
+          "Bound of a worker's whole shutdown: how long it waits for its in-flight pushes (encoder) and for remote "
+          "writers into its pool (consumer) before abandoning them (the pool then stays registered).",
+          set_seconds(&Config::shutdown_drain_timeout_s));
     extra("tombstone_max", "integer", "65536",
           "Maximum terminal records kept to make late events idempotent (scheduler and reservation manager).",
           set_integer(&Config::tombstone_max, 1, 16'777'216));

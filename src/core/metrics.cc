@@ -104,6 +104,17 @@ Histogram::Snapshot Histogram::snapshot() const {
   return s;
 }
 
+Histogram::Snapshot Histogram::Snapshot::since(const Snapshot& earlier) const {
+  Snapshot out = *this;
+  if (earlier.cumulative_counts.size() != cumulative_counts.size()) return out;
+  for (std::size_t i = 0; i < out.cumulative_counts.size(); ++i) {
+    out.cumulative_counts[i] -= std::min(out.cumulative_counts[i], earlier.cumulative_counts[i]);
+  }
+  out.count -= std::min(out.count, earlier.count);
+  out.sum -= earlier.sum;
+  return out;
+}
+
 double Histogram::Snapshot::quantile(double q) const {
   if (count == 0) return 0.0;
   const double rank = std::clamp(q, 0.0, 1.0) * static_cast<double>(count);

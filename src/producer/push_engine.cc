@@ -16,6 +16,7 @@
 
 #include "ecx/control/client.h"
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
@@ -240,7 +241,24 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     actions.append(std::move(*started));
   }
 
+  // When each content's first push was planned, for the source_wait stage. Bounded:
+  // content whose output never comes is forgotten wholesale at the bound.
+  std::unordered_map<std::string, TimePoint> planned_at;
+  static constexpr std::size_t kMaxPlannedAt = 16384;
+
+  void note_planned(const std::string& mm_hash) {
+    if (planned_at.size() >= kMaxPlannedAt) planned_at.clear();
+    planned_at.try_emplace(mm_hash, clock->now());
+  }
+  void note_bound(const std::string& mm_hash) {
+    if (auto it = planned_at.find(mm_hash); it != planned_at.end()) {
+      stages::record(stages::Stage::source_wait, clock->now() - it->second);
+      planned_at.erase(it);
+    }
+  }
+
   void handle(SubmitCommand& command, Actions& actions) {
+    note_planned(command.spec.mm_hash);
     const std::string base = command.spec.consumer_address;  // a copy: the spec is moved below
     if (const auto* topology = topology_of(base)) {
       start_push(command.spec, static_cast<int>(topology->shards.size()), actions);
@@ -314,6 +332,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   void handle(BindCommand& command, Actions& actions) {
+    note_bound(command.mm_hash);
     if (awaiting_content(command.mm_hash)) {
       deferred_binds.emplace(command.mm_hash, command);
       return;
@@ -522,8 +541,12 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     for (auto& [address, batch] : batches) {
       std::weak_ptr<State> weak = weak_from_this();
       client->call_async(address, wire::ReserveBatchRequest{std::move(batch.items)}, config.control_timeout(),
-                         [weak, base = batch.base, ids = std::move(batch.ids)](Result<wire::Reply> reply) mutable {
-                           if (auto s = weak.lock()) s->enqueue(ReserveResult{base, std::move(ids), std::move(reply)});
+                         [weak, base = batch.base, ids = std::move(batch.ids),
+                          sent = clock->now()](Result<wire::Reply> reply) mutable {
+                           auto s = weak.lock();
+                           if (!s) return;
+                           if (reply) stages::record(stages::Stage::reserve, s->clock->now() - sent);
+                           s->enqueue(ReserveResult{base, std::move(ids), std::move(reply)});
                          });
     }
   }
@@ -565,11 +588,15 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       const auto header = wire::encode_payload_header(
           wire::PayloadHeader{p.transfer_id, p.reservation_id, p.generation, p.nbytes, source->checksum});
       std::weak_ptr<State> weak = weak_from_this();
-      const auto status = transport->send(
-          *endpoint, header, staging_region, source->slot.offset, p.nbytes, clock->now() + config.push_wait_timeout(),
-          [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard](const Status& result) {
-            if (auto s = weak.lock()) s->enqueue(PayloadResult{base, tid, shard, result});
-          });
+      const auto status = transport->send(*endpoint, header, staging_region, source->slot.offset, p.nbytes,
+                                          clock->now() + config.push_wait_timeout(),
+                                          [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard,
+                                           sent = clock->now()](const Status& result) {
+                                            auto s = weak.lock();
+                                            if (!s) return;
+                                            if (result) stages::record(stages::Stage::wire, s->clock->now() - sent);
+                                            s->enqueue(PayloadResult{base, tid, shard, result});
+                                          });
       if (!status) more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
     }
   }
@@ -695,6 +722,7 @@ Status PushEngine::bind_source(std::string_view mm_hash, const void* data, std::
     slot = *allocated;
   }
   std::byte* destination = s.staging->at(slot);
+  const TimePoint copy_started = s.clock->now();
   if (memory == SourceMemory::host) {
     std::memcpy(destination, data, nbytes);
   } else {
@@ -721,6 +749,7 @@ Status PushEngine::bind_source(std::string_view mm_hash, const void* data, std::
   std::optional<std::uint64_t> checksum;
   // Always hashed (cheap next to the copy): any consumer with checksums on can verify.
   checksum = XXH64(destination, nbytes, 0);
+  stages::record(stages::Stage::staging_copy, s.clock->now() - copy_started);
   const SourceId id = slot.offset + 1;
   {
     std::lock_guard lock(s.staging_mutex);
@@ -816,14 +845,28 @@ void PushEngine::shutdown(Duration timeout) {
     if (!s.accepting) return;
     s.accepting = false;
   }
-  if (!wait_idle(timeout)) {
-    s.log->warn("producer shutdown: pushes still in flight after {:.1f} s; abandoning them",
-                duration_to_seconds(timeout));
+  // One budget for the whole shutdown, so it ends within `timeout` whatever the
+  // consumers do: three quarters for the pushes in flight, the rest for the abandon
+  // cancels of what never got a source (so a live consumer frees those slots now,
+  // not at the reservation TTL). A dead consumer answers neither; its leases expire.
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + timeout;
+  if (!wait_idle(timeout * 3 / 4)) {
+    s.log->warn(
+        "producer shutdown: {} push(es) still in flight and {} push(es) or source(s) waiting for a consumer's topology "
+        "after "
+        "{:.2f} s; abandoning them",
+        s.pushes.counters().active, s.parked.load(std::memory_order_acquire), duration_to_seconds(timeout * 3 / 4));
   }
-  // Abandon what never got a source (so the consumer frees its slots now, not at
-  // the reservation TTL), give those cancels one control timeout, then stop.
   s.enqueue(AbandonSourcelessCommand{});
-  (void)wait_idle(std::min<Duration>(timeout, s.config.control_timeout()));
+  const auto left = std::max<Duration>(
+      Duration::zero(), std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now()));
+  if (!wait_idle(left)) {
+    s.log->warn(
+        "producer shutdown: {} push(es), sources or cancels unfinished after {:.2f} s; the consumers' "
+        "reservation leases release what they hold",
+        s.pushes.counters().active + s.parked.load(std::memory_order_acquire), duration_to_seconds(timeout));
+  }
   {
     std::lock_guard lock(s.inbox_mutex);
     s.stopping = true;

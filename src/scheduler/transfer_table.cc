@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 
 namespace ecx::scheduler {
 namespace {
@@ -406,6 +407,7 @@ bool TransferTable::observe_ready(LoadSpec spec, TimePoint now) {
   r->spec_ = std::move(spec);
   r->waiters_.clear();  // satisfied: they load it on their next check
   r->deadline_ = now + limits_.reservation_ttl;
+  r->available_since_ = now;
   return transition(*r, TransferState::available, now);
 }
 
@@ -450,6 +452,9 @@ const TransferRecord* TransferTable::begin_load(std::string_view mm_hash, std::o
       chosen = available ? available : resident;
   }
   if (chosen == nullptr || !chosen->spec_) return nullptr;
+  if (chosen->state_ == TransferState::available) {
+    stages::record(stages::Stage::load_dispatch, now - chosen->available_since_);
+  }
   chosen->deadline_ = load_deadline;
   chosen->load_owner_ = std::string(request_id);
   if (!transition(*chosen, TransferState::loading, now)) return nullptr;

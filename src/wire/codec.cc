@@ -910,7 +910,7 @@ void encode_event(const Event& event, const AuthStamp* stamp, std::string& out) 
   const bool has_rid = !event.reservation_id.is_none();
   switch (event.kind) {
     case EventKind::ready:
-      pk.pack_map(4 + (event.spec ? 3 : 0));
+      pk.pack_map(4 + (event.spec ? 3 : 0) + (event.sent_ns != 0 ? 1 : 0));
       break;
     case EventKind::abandoned:
       pk.pack_map(2 + (has_rid ? 1 : 0));
@@ -929,6 +929,10 @@ void encode_event(const Event& event, const AuthStamp* stamp, std::string& out) 
     put_str(pk, "generation");
     pk.pack(event.generation);
     if (event.spec) put_shape(pk, *event.spec);
+    if (event.sent_ns != 0) {
+      put_str(pk, "sent_ns");
+      pk.pack(event.sent_ns);
+    }
   } else if (has_rid) {
     put_str(pk, "reservation_id");
     put_reservation(pk, event.reservation_id);
@@ -1063,9 +1067,9 @@ Result<Event> decode_event(std::string_view frame, const Limits& limits, Envelop
   e.instance = std::string(*instance);
   if (!f.has(8)) return malformed(env, f.missing(8));
 
-  static const std::array<std::string_view, 8> kBody = {"transfer_id", "mm_hash", "reservation_id", "generation",
-                                                        "nbytes",      "shape",   "dtype",          "error"};
-  Fields<8> b(kBody, "event.body");
+  static const std::array<std::string_view, 9> kBody = {
+      "transfer_id", "mm_hash", "reservation_id", "generation", "nbytes", "shape", "dtype", "error", "sent_ns"};
+  Fields<9> b(kBody, "event.body");
   if (Status s = b.read(*f.get(8), StatusCode::protocol); !s) return malformed(env, s);
   auto transfer_id = b.str(0, kMaxIdLength);
   if (!transfer_id) return malformed(env, transfer_id.status());
@@ -1088,6 +1092,11 @@ Result<Event> decode_event(std::string_view frame, const Limits& limits, Envelop
     auto spec = read_spec(b, 4, 5, 6);
     if (!spec) return malformed(env, spec.status());
     e.spec = std::move(*spec);
+    if (b.has(8)) {
+      auto sent = b.u64(8);
+      if (!sent) return malformed(env, sent.status());
+      e.sent_ns = *sent;
+    }
   }
   if (e.kind == EventKind::failed) {
     if (!b.has(7)) return malformed(env, b.missing(7));

@@ -2,6 +2,7 @@
 
 #include "ecx/control/event_inbox.h"
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 
 namespace ecx::worker {
 namespace {
@@ -25,6 +26,11 @@ scheduler::TransferEvent to_scheduler(const wire::Event& e) {
   out.spec = e.spec;
   out.reservation_id = e.reservation_id;
   out.reason = e.error.message();
+  if (e.sent_ns != 0) {
+    // Signed: a publisher on another host (its clock unrelated) gives nonsense, dropped.
+    const auto elapsed = static_cast<std::int64_t>(stages::monotonic_ns() - e.sent_ns);
+    if (elapsed < std::int64_t{3'600'000'000'000}) stages::record(stages::Stage::event_delivery, Duration{elapsed});
+  }
   return out;
 }
 
@@ -34,15 +40,21 @@ class InboxEventSource final : public scheduler::EventSource {
   InboxEventSource(std::shared_ptr<control::ControlClient> client, std::unique_ptr<control::EventInbox> inbox)
       : client_(std::move(client)), inbox_(std::move(inbox)) {}
 
+  // Hands on at most `max_events`; what the inbox delivered beyond that waits in
+  // buffer_ for the next call (the inbox's own bound, max_events_per_drain, keeps
+  // buffer_ bounded: it is refilled only once it is empty).
   std::size_t drain(std::vector<scheduler::TransferEvent>& out, std::size_t max_events) override {
     if (!inbox_) return 0;
-    buffer_.clear();
-    inbox_->drain(buffer_);
     std::size_t appended = 0;
-    for (const auto& e : buffer_) {
-      if (appended == max_events) break;  // the inbox's own bound is max_events_per_drain
-      out.push_back(to_scheduler(e));
-      ++appended;
+    while (appended < max_events) {
+      if (next_ == buffer_.size()) {
+        buffer_.clear();
+        next_ = 0;
+        if (inbox_->drain(buffer_) == 0) break;
+      }
+      for (; next_ < buffer_.size() && appended < max_events; ++next_, ++appended) {
+        out.push_back(to_scheduler(buffer_[next_]));
+      }
     }
     return appended;
   }
@@ -53,6 +65,7 @@ class InboxEventSource final : public scheduler::EventSource {
   std::shared_ptr<control::ControlClient> client_;
   std::unique_ptr<control::EventInbox> inbox_;
   std::vector<wire::Event> buffer_;
+  std::size_t next_ = 0;  // first event of buffer_ not handed on yet
 };
 
 class ClientConsumerControl final : public scheduler::ConsumerControl {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
 
 namespace ecx::worker {
@@ -112,6 +113,7 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
       fail(destination.status());
       continue;
     }
+    const TimePoint copy_started = clock_->now();
     if (!destination->cuda) {
       std::memcpy(destination->data, lease->data(), lease->nbytes());
     } else {
@@ -136,6 +138,7 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
         continue;
       }
     }
+    stages::record(stages::Stage::load_copy, clock_->now() - copy_started);
     lease->release();
     step_.loaded.insert(load.mm_hash);
     report.loaded.push_back(load.mm_hash);
@@ -187,8 +190,15 @@ void WorkerCoordinator::shutdown() {
     for (auto id : collectors_) registry_->remove_collector(id);
     collectors_.clear();
   }
-  if (pushes_) pushes_->shutdown(seconds_to_duration(config_.shutdown_drain_timeout_s));
-  if (shard_) (void)shard_->shutdown();
+  // One drain budget for the worker, whatever roles it holds: shutdown must end
+  // within it even when every peer is gone.
+  const auto budget = seconds_to_duration(config_.shutdown_drain_timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  if (pushes_) pushes_->shutdown(budget);
+  if (shard_) {
+    (void)shard_->shutdown(std::max<Duration>(
+        Duration::zero(), std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now())));
+  }
   cuda_.reset();
 }
 

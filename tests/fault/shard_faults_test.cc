@@ -135,6 +135,32 @@ class ShardFaults : public ::testing::Test {
 
 // 5a. The same reserve twice is idempotent (same reservation, one slot); a second
 // transfer of the same content follows the first; one landing serves both.
+// protocol.md §4.4 and §4.5: `status` reports the whole record; a shard that lands
+// payloads itself (no `put` feature) refuses `complete` with code `protocol`.
+TEST_F(ShardFaults, StatusReportsTheRecordAndCompleteIsRefusedWithoutPut) {
+  const std::uint64_t n = 4096;
+  const auto r = reserve("t-status", "h-status", n);
+  ASSERT_EQ(r.outcome, wire::ReserveOutcome::reserved) << r.error.to_string();
+  auto status = client_->status(address_, "t-status", 5s);
+  ASSERT_TRUE(status) << status.status().to_string();
+  EXPECT_TRUE(status->found);
+  EXPECT_EQ(status->state, "writing");
+  EXPECT_EQ(status->mm_hash, "h-status");
+  EXPECT_EQ(status->reservation_id, r.reservation_id);
+  EXPECT_EQ(status->generation, r.generation);
+  ASSERT_TRUE(status->spec.has_value());
+  EXPECT_EQ(*status->spec, bytes_spec(n));
+  auto absent = client_->status(address_, "t-never", 5s);
+  ASSERT_TRUE(absent) << absent.status().to_string();
+  EXPECT_FALSE(absent->found);
+
+  auto complete = client_->call(address_, wire::CompleteRequest{"t-status", r.reservation_id, r.generation}, 5s).get();
+  ASSERT_TRUE(complete.is_ok()) << complete.status().to_string();
+  EXPECT_FALSE(complete->ok());
+  EXPECT_EQ(complete->status.code(), StatusCode::protocol) << complete->status.to_string();
+  EXPECT_EQ(state_of("t-status"), "writing") << "a refused complete changed the record";
+}
+
 TEST_F(ShardFaults, DuplicateReserveIsIdempotentAndOneLandingServesFollowers) {
   const std::uint64_t n = kMiB;
   const auto first = reserve("t-a", "h-dup", n);

@@ -64,7 +64,7 @@ def extra_config(**overrides: Any) -> dict[str, Any]:
         "huge_pages": False,
     }
     extra.update(overrides)
-    return extra
+    return {k: v for k, v in extra.items() if v is not None}  # None: ECX's default
 
 
 def vllm_config(role: str, port: int, tp: int, **extra: Any):

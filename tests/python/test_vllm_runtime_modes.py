@@ -10,6 +10,7 @@ share one process here (independent connectors, real sockets, real pushes)."""
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 
@@ -29,11 +30,11 @@ def _pd(profile: str, tp: int = 2, **extra):
     return EngineDouble(epd_cluster.vllm_config("ec_consumer", port, tp, **extra), encode_only=False, profile=profile)
 
 
-def _encoder(profile: str):
+def _encoder(profile: str, **extra):
     from vllm._double_engine import EngineDouble
 
     return EngineDouble(
-        epd_cluster.vllm_config("ec_producer", epd_cluster.free_port_range(1), 1),
+        epd_cluster.vllm_config("ec_producer", epd_cluster.free_port_range(1), 1, **extra),
         encode_only=True,
         profile=profile,
         call_start_save_caches=False,  # neither build's runners call it
@@ -188,6 +189,38 @@ def test_a_pd_instance_whose_shards_are_gone_shuts_down_within_two_seconds(caplo
         assert any("were abandoned" in r.getMessage() or "were not sent" in r.getMessage() for r in caplog.records)
     finally:
         pd.shutdown()
+
+
+def test_an_encoder_whose_consumer_never_answers_shuts_down_within_two_seconds(caplog):
+    import ecx
+    from vllm._double_engine import make_request
+
+    # A consumer that takes the connection and never speaks: every control call to it
+    # would wait out the reference's 30 s control timeout.
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+    encoder = _encoder("7cfb97e3-mrv2", control_timeout_s=30, shutdown_drain_timeout_s=None)
+    try:
+        for r in range(4):
+            item = image(1000 + r)
+            encoder.add_request(
+                make_request(f"silent-{r}", [item], {"consumer_zmq": address, "ec_items": [{"transfer_id": f"s{r}"}]})
+            )
+        for _ in range(3):
+            encoder.step()
+        assert encoder.has_requests()  # its pushes are waiting for the consumer
+        with caplog.at_level(logging.WARNING, logger="ecx"):
+            start = time.monotonic()
+            encoder.shutdown()
+            took = time.monotonic() - start
+            ecx.flush_logs()
+        assert took <= 2.0, f"shutdown took {took:.2f} s"
+        assert any("producer shutdown" in r.getMessage() for r in caplog.records)
+    finally:
+        encoder.shutdown()
+        silent.close()
 
 
 def test_behind_vllms_example_proxy_nothing_is_pushed_and_the_pd_instance_encodes_itself():

@@ -49,10 +49,12 @@ class ConsumerShard {
   std::vector<std::string> drain_reclaimed();
 
   // Refuses new reservations, cancels what no writer holds, waits for writers up to
-  // shutdown_drain_timeout_s, then stops the control server and the transport. The
-  // pool stays allocated (leaked on purpose, and logged) if a writer did not finish,
-  // so a late payload can never land in freed memory. Idempotent.
+  // `drain` (shutdown_drain_timeout_s without one), then stops the control server and
+  // the transport. The pool stays allocated (leaked on purpose, and logged) if a
+  // writer did not finish, so a late payload can never land in freed memory.
+  // Idempotent: a second call returns the first call's report.
   DrainReport shutdown();
+  DrainReport shutdown(Duration drain);
 
   int tp_rank() const noexcept;
   std::string control_endpoint() const;

@@ -120,8 +120,10 @@ class ReservationManager {
                                      std::optional<std::uint64_t> checksum = std::nullopt);
 
   // --- one-sided mode: the producer wrote (put + flush) and says so.
+  // A `generation` other than the reservation's is rejected like a wrong reservation id.
   CompletionOutcome writer_completed(std::string_view transfer_id, const ReservationId& reservation_id,
-                                     std::optional<std::uint64_t> checksum = std::nullopt);
+                                     std::optional<std::uint64_t> checksum = std::nullopt,
+                                     std::optional<std::uint64_t> generation = std::nullopt);
   // The one-sided writer stopped without completing (also what a failed endpoint
   // reports for each of its reservations). Same as cancel with abandon.
   CancelOutcome writer_abandoned(std::string_view transfer_id, const ReservationId& reservation_id);
@@ -150,6 +152,15 @@ class ReservationManager {
   ReservationCounters counters() const;
   // The state of a transfer's record (tombstones included), for diagnostics and tests.
   std::optional<ReservationState> state_of(std::string_view transfer_id) const;
+  // The whole record, as the control plane's `status` reports it.
+  struct RecordView {
+    ReservationState state;
+    std::string mm_hash;
+    ReservationId reservation_id;
+    std::uint64_t generation = 0;
+    std::optional<TensorSpec> spec;  // absent on tombstones left before any reservation
+  };
+  std::optional<RecordView> describe(std::string_view transfer_id) const;
   // Checks the internal bookkeeping (pool bytes = slots held, indexes consistent);
   // an error names the first inconsistency. For tests and debug tooling.
   Status check_invariants() const;

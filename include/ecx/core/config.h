@@ -41,7 +41,7 @@ struct Config {
   double control_timeout_s = 30.0;
   double push_wait_timeout_s = 60.0;
   double reservation_ttl_s = 300.0;
-  double shutdown_drain_timeout_s = 30.0;
+  double shutdown_drain_timeout_s = 1.5;
   std::uint64_t tombstone_max = 65'536;
   std::uint64_t event_queue_max = 4'096;
   std::uint64_t max_frame_bytes = 1 << 20;

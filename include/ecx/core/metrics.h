@@ -52,6 +52,8 @@ class Histogram {
     double sum = 0.0;
     // Linear interpolation inside the bucket holding quantile q (0..1).
     double quantile(double q) const;
+    // What was observed after `earlier` (a snapshot of the same histogram).
+    Snapshot since(const Snapshot& earlier) const;
   };
   Snapshot snapshot() const;
 

@@ -121,6 +121,7 @@ class TransferRecord {
   TransferState state_ = TransferState::waiting_event;
   std::optional<LoadSpec> spec_;
   std::optional<TimePoint> deadline_;
+  TimePoint available_since_{};  // when its readiness made it loadable (load_dispatch stage)
   std::vector<std::string> waiters_;
   std::vector<std::string> notified_;
   std::string load_owner_;

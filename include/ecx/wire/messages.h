@@ -179,6 +179,9 @@ struct Event {
   std::uint64_t generation = 0;
   std::optional<TensorSpec> spec;  // ready: shape, dtype, nbytes
   Status error;                    // failed: why
+  // ready, optional (0 = absent): the publisher's CLOCK_MONOTONIC in ns when it sent
+  // the event; a receiver on the same host times the delivery with it.
+  std::uint64_t sent_ns = 0;
   friend bool operator==(const Event&, const Event&) = default;
 };
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ecx/core/config.h"
+#include "ecx/core/stages.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
 
@@ -96,6 +97,7 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   auto producer = ChildProcess::spawn(producer_argv(w, **consumer, port));
   ASSERT_TRUE(producer) << producer.status().to_string();
 
+  const auto stages_before = stages::snapshot();
   const auto result = (*consumer)->run();
   const auto exit_code = producer->wait(std::chrono::seconds(60));
 
@@ -111,6 +113,17 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   EXPECT_EQ(result.live_reservations, 0U);
   EXPECT_EQ(result.leaked_pool_bytes, 0U);
   EXPECT_EQ(result.invariant_error, "");
+  // This process is the consumer instance: it recorded each of its stages, at most
+  // once per item and rank (repeats served from the resident cache or already in the
+  // engine's cache skip landing and copying).
+  const auto stages_after = stages::snapshot();
+  for (auto stage : {stages::Stage::landing, stages::Stage::event_delivery, stages::Stage::load_dispatch,
+                     stages::Stage::load_copy}) {
+    const auto i = static_cast<std::size_t>(stage);
+    const auto observed = stages_after[i].since(stages_before[i]).count;
+    EXPECT_GT(observed, 0U) << stages::stage_name(stage) << " was never recorded";
+    EXPECT_LE(observed, result.items_ready * static_cast<std::uint64_t>(tp)) << stages::stage_name(stage);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd,

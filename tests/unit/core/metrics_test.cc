@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ecx/core/metrics_server.h"
+#include "ecx/core/stages.h"
 
 namespace ecx::metrics {
 namespace {
@@ -48,6 +49,39 @@ TEST(Metrics, HistogramBucketsAreCumulative) {
   EXPECT_NE(text.find("ecx_time_to_ready_seconds_bucket{le=\"0.01\"} 3"), std::string::npos) << text;
   EXPECT_NE(text.find("ecx_time_to_ready_seconds_bucket{le=\"+Inf\"} 5"), std::string::npos) << text;
   EXPECT_NE(text.find("ecx_time_to_ready_seconds_count 5"), std::string::npos) << text;
+}
+
+TEST(Metrics, SnapshotSinceIsWhatWasObservedInBetween) {
+  Registry registry;
+  auto& h = registry.histogram("x_seconds", "x", {}, {0.001, 0.01});
+  h.observe(0.0005);
+  const auto before = h.snapshot();
+  h.observe(0.005);
+  h.observe(0.5);
+  const auto d = h.snapshot().since(before);
+  EXPECT_EQ(d.count, 2U);
+  EXPECT_EQ(d.cumulative_counts, (std::vector<std::uint64_t>{0, 1, 2}));
+  EXPECT_NEAR(d.sum, 0.505, 1e-12);
+}
+
+TEST(Stages, EveryStageIsAHistogramOfTheGlobalRegistry) {
+  const auto before = stages::snapshot();
+  stages::record(stages::Stage::wire, std::chrono::microseconds(30));
+  stages::record(stages::Stage::wire, std::chrono::microseconds(-5));  // clocks that disagree: dropped
+  stages::record(stages::Stage::load_copy, std::chrono::milliseconds(2));
+  const auto after = stages::snapshot();
+  const auto wire =
+      after[static_cast<std::size_t>(stages::Stage::wire)].since(before[static_cast<std::size_t>(stages::Stage::wire)]);
+  EXPECT_EQ(wire.count, 1U);
+  EXPECT_NEAR(wire.sum, 30e-6, 1e-9);
+  EXPECT_GT(wire.quantile(0.5), 25e-6);
+  EXPECT_LE(wire.quantile(0.5), 50e-6);
+  const auto text = Registry::global().prometheus_text();
+  for (std::size_t i = 0; i < stages::kStageCount; ++i) {
+    const auto name = std::string(stages::stage_name(static_cast<stages::Stage>(i)));
+    EXPECT_NE(text.find("ecx_transfer_stage_seconds_count{stage=\"" + name + "\"}"), std::string::npos) << name;
+  }
+  EXPECT_NE(text.find("ecx_transfer_stage_seconds_bucket{stage=\"wire\",le=\"5e-05\"}"), std::string::npos) << text;
 }
 
 TEST(Metrics, CollectorsAreReadAtScrapeTime) {

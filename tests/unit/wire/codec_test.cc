@@ -134,6 +134,7 @@ TEST(WireCodec, EventsRoundTrip) {
   ready.reservation_id = ReservationId(1, 2);
   ready.generation = 3;
   ready.spec = spec({2, 8}, DType::float16);
+  ready.sent_ns = 123'456'789'012;  // optional: absent (0) in the other events
   Event abandoned;
   abandoned.kind = EventKind::abandoned;
   abandoned.transfer_id = "t-2";

@@ -1,0 +1,20 @@
+# cmake -DBUILD_DIR=... -P check_layering.cmake
+function(build target result output)
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${target}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  set(${result} ${rc} PARENT_SCOPE)
+  set(${output} "${out}" PARENT_SCOPE)
+endfunction()
+
+build(layering_probe_scheduler_own rc out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the scheduler's own headers did not compile with its view of the tree:\n${out}")
+endif()
+build(layering_probe_scheduler_transport rc out)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "a scheduler source including ecx/transport/transport.h compiled: the layering is not enforced")
+endif()
+if(NOT out MATCHES "ecx/transport/transport.h: No such file")
+  message(FATAL_ERROR "the probe failed, but not because the transport header was out of reach:\n${out}")
+endif()
+message(STATUS "layering enforced: the scheduler cannot include ecx/transport/transport.h")

@@ -1,0 +1,86 @@
+// PushEngine against a consumer that stops answering: a real ZeroMQ ROUTER on
+// loopback that reads every request and replies to none, with the reference's 30 s
+// control timeout. Shutdown must still end within its own budget.
+#include <chrono>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "ecx/core/config.h"
+#include "ecx/producer/push_engine.h"
+
+namespace ecx::producer {
+namespace {
+
+using namespace std::chrono_literals;
+
+Config producer_config(const nlohmann::json& extra) {
+  const nlohmann::json doc{{"ec_role", "ec_producer"},
+                           {"ec_ip", "127.0.0.1"},
+                           {"ec_buffer_size", "8MiB"},
+                           {"ec_buffer_device", "cpu"},
+                           {"ec_connector_extra_config", extra}};
+  auto config = parse_config(doc.dump(), ParallelLayout{});
+  EXPECT_TRUE(config) << config.status().to_string();
+  return *config;
+}
+
+// A consumer that is there (the connection succeeds) but never replies.
+struct SilentConsumer {
+  zmq::context_t ctx;
+  zmq::socket_t socket{ctx, zmq::socket_type::router};
+  std::string address;
+
+  SilentConsumer() {
+    socket.set(zmq::sockopt::linger, 0);
+    socket.bind("tcp://127.0.0.1:*");
+    address = socket.get(zmq::sockopt::last_endpoint);
+  }
+  // True once a request reached it (so the push is really in flight).
+  bool received_within(std::chrono::milliseconds deadline) {
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, deadline) != 1) return false;
+    std::vector<zmq::message_t> frames;
+    return zmq::recv_multipart(socket, std::back_inserter(frames)).has_value();
+  }
+};
+
+TEST(PushEngineShutdown, EndsWithinItsBudgetWhenTheConsumerNeverAnswers) {
+  SilentConsumer consumer;
+  // Defaults except the control timeout, set to the reference's 30 s on purpose.
+  const auto config = producer_config({{"control_timeout_s", 30}});
+  ASSERT_DOUBLE_EQ(config.shutdown_drain_timeout_s, 1.5);
+  auto engine = PushEngine::start(config);
+  ASSERT_TRUE(engine) << engine.status().to_string();
+
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  const std::vector<std::byte> output(spec->nbytes(), std::byte{7});
+  (*engine)->submit(PushSpec{"t-silent", "h-silent", consumer.address, *spec, "r-silent"});
+  ASSERT_TRUE((*engine)->bind_source("h-silent", output.data(), output.size()).ok());
+  ASSERT_TRUE(consumer.received_within(5s)) << "the push never reached the consumer";
+  ASSERT_TRUE((*engine)->pending());
+
+  const auto started = std::chrono::steady_clock::now();
+  (*engine)->shutdown(seconds_to_duration(config.shutdown_drain_timeout_s));
+  const auto took = std::chrono::steady_clock::now() - started;
+  // The bound under test, not a speed target: the budget plus closing sockets.
+  EXPECT_LT(took, 2s) << std::chrono::duration<double>(took).count() << " s";
+  (*engine)->shutdown(seconds_to_duration(config.shutdown_drain_timeout_s));  // idempotent
+}
+
+TEST(PushEngineShutdown, IdleEngineStopsAtOnce) {
+  auto engine = PushEngine::start(producer_config(nlohmann::json::object()));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  EXPECT_FALSE((*engine)->pending());
+  const auto started = std::chrono::steady_clock::now();
+  (*engine)->shutdown(10s);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+}
+
+}  // namespace
+}  // namespace ecx::producer
