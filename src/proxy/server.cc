@@ -128,21 +128,20 @@ struct ProxyServer::Impl {
   }
 
   void describe_metrics() {
-    metrics.describe("ecx_proxy_requests_total", "counter", "Client requests answered, by route and status");
-    metrics.describe("ecx_proxy_upstream_requests_total", "counter",
-                     "Requests sent to upstream instances, by stage and outcome");
-    metrics.describe("ecx_proxy_media_items_total", "counter", "Media items seen in chat requests, by modality");
-    metrics.describe("ecx_proxy_items_forwarded_total", "counter",
+    metrics.describe("ecx_proxy_requests_total", "Client requests answered, by route and status");
+    metrics.describe("ecx_proxy_upstream_requests_total", "Requests sent to upstream instances, by stage and outcome");
+    metrics.describe("ecx_proxy_media_items_total", "Media items seen in chat requests, by modality");
+    metrics.describe("ecx_proxy_items_forwarded_total",
                      "Media items forwarded to the consumer, rewritten into embeds or raw");
-    metrics.describe("ecx_proxy_retries_total", "counter", "Whole-path retries after a decode 500");
-    metrics.describe("ecx_proxy_stage_errors_total", "counter", "Requests failed, by stage and status");
-    metrics.describe("ecx_proxy_stage_seconds", "histogram",
+    metrics.describe("ecx_proxy_retries_total", "Whole-path retries after a decode 500");
+    metrics.describe("ecx_proxy_stage_errors_total", "Requests failed, by stage and status");
+    metrics.describe("ecx_proxy_stage_seconds",
                      "Time per stage of a request (encode, rewrite, prefill, decode, decode_ttfb, total)");
-    metrics.describe("ecx_proxy_probes_total", "counter", "Liveness probes, by result");
-    metrics.describe("ecx_proxy_evictions_total", "counter", "Instances evicted after failed probes");
-    metrics.describe("ecx_proxy_readmissions_total", "counter", "Evicted instances re-admitted after a probe success");
-    metrics.describe("ecx_proxy_instances", "gauge", "Registered instances, by role and state");
-    metrics.describe("ecx_proxy_inflight_requests", "gauge", "Client requests being served");
+    metrics.describe("ecx_proxy_probes_total", "Liveness probes, by result");
+    metrics.describe("ecx_proxy_evictions_total", "Instances evicted after failed probes");
+    metrics.describe("ecx_proxy_readmissions_total", "Evicted instances re-admitted after a probe success");
+    metrics.describe("ecx_proxy_instances", "Registered instances, by role and state");
+    metrics.describe("ecx_proxy_inflight_requests", "Client requests being served");
   }
 
   // ------------------------------------------------------------ replies
@@ -157,8 +156,7 @@ struct ProxyServer::Impl {
     json inner = {
         {"message", error.message}, {"type", error_type(error.status)}, {"code", error.status}, {"stage", error.stage}};
     if (!error.upstream.is_null()) inner["upstream_error"] = error.upstream;
-    metrics.add("ecx_proxy_stage_errors_total",
-                Metrics::label("stage", error.stage) + "," + Metrics::label("status", std::to_string(error.status)));
+    metrics.add("ecx_proxy_stage_errors_total", {{"stage", error.stage}, {"status", std::to_string(error.status)}});
     log->debug("answering {} ({}): {}", error.status, error.stage, error.message);
     json reply = {{"error", std::move(inner)}};
     co_return co_await reply_json(res, error.status, reply);
@@ -172,7 +170,7 @@ struct ProxyServer::Impl {
 
   void count_upstream(std::string_view stage, std::string_view outcome) {
     metrics.add("ecx_proxy_upstream_requests_total",
-                Metrics::label("stage", stage) + "," + Metrics::label("outcome", outcome));
+                {{"stage", std::string(stage)}, {"outcome", std::string(outcome)}});
   }
 
   static Fields forwarded_headers(const http::ServerRequest& req, std::string request_id) {
@@ -381,7 +379,7 @@ struct ProxyServer::Impl {
     if (!found) co_return co_await reply_error(res, 400, "request", found.status().message());
     const auto& media = *found;
     for (const auto& item : media)
-      metrics.add("ecx_proxy_media_items_total", Metrics::label("modality", modality_name(item.modality)));
+      metrics.add("ecx_proxy_media_items_total", {{"modality", std::string(modality_name(item.modality))}});
 
     // Route: the consumer is the prefill when the deployment has one, else the decode.
     const bool has_prefill = roster.live_count(InstanceRole::prefill) + roster.evicted_count(InstanceRole::prefill) > 0;
@@ -419,9 +417,8 @@ struct ProxyServer::Impl {
       json decode_body = build_consumer_body(body, media, reports, transfer_ids, options.rewrite, &stats);
       attempt_timings.rewrite = seconds_since(rewrite_start);
       if (!media.empty()) {
-        metrics.add("ecx_proxy_items_forwarded_total", Metrics::label("form", "embeds"),
-                    static_cast<double>(stats.rewritten));
-        metrics.add("ecx_proxy_items_forwarded_total", Metrics::label("form", "raw"), static_cast<double>(stats.raw));
+        metrics.add("ecx_proxy_items_forwarded_total", {{"form", "embeds"}}, static_cast<double>(stats.rewritten));
+        metrics.add("ecx_proxy_items_forwarded_total", {{"form", "raw"}}, static_cast<double>(stats.raw));
       }
       if (prefill) {
         const auto start = Steady::now();
@@ -436,7 +433,7 @@ struct ProxyServer::Impl {
       const auto outcome = co_await run_decode(res, *decode, std::string(req.path()), decode_body.dump(),
                                                std::move(headers), may_retry, attempt_timings, answered);
       if (outcome == DecodeOutcome::retry) {
-        metrics.add("ecx_proxy_retries_total", "");
+        metrics.add("ecx_proxy_retries_total");
         log->info("request {}: decode {} answered 500; retrying the whole path (attempt {})", request_id, *decode,
                   attempt + 2);
         continue;
@@ -454,7 +451,7 @@ struct ProxyServer::Impl {
         "total={:.3f}ms attempt={}",
         request_id, t.encode * 1e3, t.rewrite * 1e3, t.prefill * 1e3, t.decode_ttfb * 1e3, t.decode * 1e3, total * 1e3,
         attempt + 1);
-    const auto stage = [](std::string_view name) { return Metrics::label("stage", name); };
+    const auto stage = [](std::string_view name) { return ecx::metrics::Labels{{"stage", std::string(name)}}; };
     if (has_media) metrics.observe("ecx_proxy_stage_seconds", stage("encode"), t.encode);
     metrics.observe("ecx_proxy_stage_seconds", stage("rewrite"), t.rewrite);
     if (has_prefill) metrics.observe("ecx_proxy_stage_seconds", stage("prefill"), t.prefill);
@@ -476,7 +473,7 @@ struct ProxyServer::Impl {
           co_await run_decode(res, *decode, std::string(req.path()), req.body, forwarded_headers(req, request_id),
                               attempt < options.decode_retries, timings, answered);
       if (outcome == DecodeOutcome::retry) {
-        metrics.add("ecx_proxy_retries_total", "");
+        metrics.add("ecx_proxy_retries_total");
         continue;
       }
       record_timings(request_id, timings, attempt, false, false);
@@ -515,13 +512,13 @@ struct ProxyServer::Impl {
 
   Task<int> render_metrics(http::Responder& res) {
     for (const auto role : {InstanceRole::encode, InstanceRole::prefill, InstanceRole::decode}) {
-      const auto r = Metrics::label("role", instance_role_name(role));
-      metrics.set("ecx_proxy_instances", r + "," + Metrics::label("state", "live"),
+      const std::string r(instance_role_name(role));
+      metrics.set("ecx_proxy_instances", {{"role", r}, {"state", "live"}},
                   static_cast<double>(roster.live_count(role)));
-      metrics.set("ecx_proxy_instances", r + "," + Metrics::label("state", "evicted"),
+      metrics.set("ecx_proxy_instances", {{"role", r}, {"state", "evicted"}},
                   static_cast<double>(roster.evicted_count(role)));
     }
-    metrics.set("ecx_proxy_inflight_requests", "", static_cast<double>(server ? server->active_requests() : 0));
+    metrics.set("ecx_proxy_inflight_requests", {}, static_cast<double>(server ? server->active_requests() : 0));
     (void)co_await res.send(200, http::content_type("text/plain; version=0.0.4; charset=utf-8"), metrics.render());
     co_return 200;
   }
@@ -621,8 +618,7 @@ struct ProxyServer::Impl {
       status = co_await reply_error(res, known ? 405 : 404, "request",
                                     fmt::format("{} {} is not served here", method, path));
     }
-    metrics.add("ecx_proxy_requests_total",
-                Metrics::label("route", route) + "," + Metrics::label("status", std::to_string(status)));
+    metrics.add("ecx_proxy_requests_total", {{"route", std::string(route)}, {"status", std::to_string(status)}});
   }
 
   // ------------------------------------------------------------ liveness
@@ -631,14 +627,14 @@ struct ProxyServer::Impl {
     http::UpstreamRequest request{"GET", "/health", {}, "", options.probe_timeout};
     auto response = co_await client.fetch(url_of(url), std::move(request));
     const bool healthy = response && response->status == 200;
-    metrics.add("ecx_proxy_probes_total", Metrics::label("result", healthy ? "ok" : "failed"));
+    metrics.add("ecx_proxy_probes_total", {{"result", healthy ? "ok" : "failed"}});
     const auto outcome = roster.record_probe(url, healthy);
     if (outcome.evicted) {
-      metrics.add("ecx_proxy_evictions_total", "");
+      metrics.add("ecx_proxy_evictions_total");
       log->warn("evicted {} after {} failed health probes", url, options.fail_threshold);
     }
     if (outcome.readmitted) {
-      metrics.add("ecx_proxy_readmissions_total", "");
+      metrics.add("ecx_proxy_readmissions_total");
       log->info("re-admitted {} after a successful health probe", url);
     }
     round->wait.done();

@@ -244,7 +244,7 @@ TEST_F(ProxyServerTest, ProbesEvictAnInstanceThatStopsAnswering) {
     std::this_thread::sleep_for(1ms);
   }
   EXPECT_EQ((*proxy)->roster().evicted_count(InstanceRole::decode), 1u);
-  EXPECT_GE((*proxy)->metrics().value("ecx_proxy_evictions_total", ""), 1);
+  EXPECT_GE((*proxy)->metrics().value("ecx_proxy_evictions_total", {}), 1);
 }
 
 json chat_with_images(std::vector<std::string> urls, bool stream) {
@@ -285,7 +285,7 @@ TEST_F(ProxyServerTest, EncodesEveryImageAndBindsTheSameTransferIdsOnBothHops) {
   EXPECT_EQ(decode_ids, ids);
   EXPECT_EQ(decodes[0]["kv_transfer_params"]["remote_engine_id"], "prefill-1");
   EXPECT_EQ(decodes[0]["messages"][0]["content"][0]["type"], "image_embeds");
-  EXPECT_EQ((*proxy)->metrics().observations("ecx_proxy_stage_seconds", Metrics::label("stage", "prefill")), 1u);
+  EXPECT_EQ((*proxy)->metrics().observations("ecx_proxy_stage_seconds", {{"stage", "prefill"}}), 1u);
 }
 
 TEST_F(ProxyServerTest, AFailedEncodeAnswersAtOnceAndShutdownFindsNoDanglingWork) {
