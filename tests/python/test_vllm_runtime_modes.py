@@ -164,8 +164,20 @@ def test_worker_reports_travel_in_finished_recving_without_worker_metadata():
     assert report_from_finished_recving(None) == (None, None)
 
 
-def test_a_pd_instance_whose_shards_are_gone_shuts_down_within_two_seconds(caplog):
+def _shutdown_within_two_seconds(engine, caplog) -> list[str]:
+    """Shuts the engine down, asserts it took at most 2 s, returns the warnings logged."""
     import ecx
+
+    with caplog.at_level(logging.WARNING, logger="ecx"):
+        start = time.monotonic()
+        engine.shutdown()
+        took = time.monotonic() - start
+        ecx.flush_logs()
+    assert took <= 2.0, f"shutdown took {took:.2f} s"
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_a_pd_instance_whose_shards_are_gone_shuts_down_within_two_seconds(caplog):
     from vllm._double_engine import make_request
 
     # The reference's control timeout: each unanswered cancel would hold 30 s per round.
@@ -180,19 +192,13 @@ def test_a_pd_instance_whose_shards_are_gone_shuts_down_within_two_seconds(caplo
             scheduler.ensure_cache_available(request, 0)
             scheduler.request_finished(request)  # queues the remote cancel of its reservation
         assert scheduler.scheduler_stats()["cancels_queued"] == 8
-        with caplog.at_level(logging.WARNING, logger="ecx"):
-            start = time.monotonic()
-            pd.shutdown()
-            took = time.monotonic() - start
-            ecx.flush_logs()
-        assert took <= 2.0, f"shutdown took {took:.2f} s"
-        assert any("were abandoned" in r.getMessage() or "were not sent" in r.getMessage() for r in caplog.records)
+        logged = _shutdown_within_two_seconds(pd, caplog)
+        assert any("were abandoned" in m or "were not sent" in m for m in logged)
     finally:
         pd.shutdown()
 
 
 def test_an_encoder_whose_consumer_never_answers_shuts_down_within_two_seconds(caplog):
-    import ecx
     from vllm._double_engine import make_request
 
     # A consumer that takes the connection and never speaks: every control call to it
@@ -211,13 +217,8 @@ def test_an_encoder_whose_consumer_never_answers_shuts_down_within_two_seconds(c
         for _ in range(3):
             encoder.step()
         assert encoder.has_requests()  # its pushes are waiting for the consumer
-        with caplog.at_level(logging.WARNING, logger="ecx"):
-            start = time.monotonic()
-            encoder.shutdown()
-            took = time.monotonic() - start
-            ecx.flush_logs()
-        assert took <= 2.0, f"shutdown took {took:.2f} s"
-        assert any("producer shutdown" in r.getMessage() for r in caplog.records)
+        logged = _shutdown_within_two_seconds(encoder, caplog)
+        assert any("producer shutdown" in m for m in logged)
     finally:
         encoder.shutdown()
         silent.close()
