@@ -258,13 +258,9 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   state->reservations = std::make_shared<ReservationManager>(
       ReservationOptions::from_config(config, state->slab->data(), state->slab->size()), state->clock);
 
-  transport::UcxOptions ucx;
-  auto mode = transport::parse_ucx_mode(config.ucx_mode);
-  if (!mode) return mode.status();
-  ucx.mode = *mode;
-  ucx.peer_error_handling = config.ucx_peer_errors;
-  ucx.tcp_seg_size_bytes = config.ucx_tcp_seg_size;
-  ucx.rndv_threshold_bytes = config.ucx_rndv_thresh;
+  auto options = transport::ucx_options_from_config(config, state->clock);
+  if (!options) return options.status();
+  transport::UcxOptions ucx = std::move(*options);
   if (config.ucx_peer_errors) {
     // Every producer then connects as an endpoint of ours with peer-failure handling:
     // a producer's death fails the payloads it was still sending, and a payload stuck
@@ -275,7 +271,6 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
     ucx.address_kind = transport::UcxAddressKind::socket;
     ucx.landing_timeout = config.reservation_ttl();
   }
-  ucx.clock = state->clock;
   std::weak_ptr<State> weak = state;
   ucx.resolver = [weak](std::span<const std::byte> header, std::uint64_t bytes) -> Result<transport::Landing> {
     auto s = weak.lock();

@@ -639,14 +639,9 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   state->staging.emplace(std::move(*slab));
   state->staging_allocator.emplace(state->staging->size(), config.pool_alignment);
 
-  transport::UcxOptions ucx;
-  auto mode = transport::parse_ucx_mode(config.ucx_mode);
-  if (!mode) return mode.status();
-  ucx.mode = *mode;
-  ucx.peer_error_handling = config.ucx_peer_errors;
-  ucx.tcp_seg_size_bytes = config.ucx_tcp_seg_size;
-  ucx.rndv_threshold_bytes = config.ucx_rndv_thresh;
-  ucx.clock = state->clock;
+  auto options = transport::ucx_options_from_config(config, state->clock);
+  if (!options) return options.status();
+  transport::UcxOptions ucx = std::move(*options);
   // A producer never receives payloads.
   ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {
     return unavailable("a producer does not accept payloads");

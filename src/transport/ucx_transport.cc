@@ -1402,6 +1402,18 @@ class UcxTransport final : public Transport {
 
 std::string_view ucx_mode_name(UcxMode mode) noexcept { return mode == UcxMode::am ? "am" : "put"; }
 
+Result<UcxOptions> ucx_options_from_config(const Config& config, std::shared_ptr<const Clock> clock) {
+  UcxOptions ucx;
+  auto mode = parse_ucx_mode(config.ucx_mode);
+  if (!mode) return mode.status();
+  ucx.mode = *mode;
+  ucx.peer_error_handling = config.ucx_peer_errors;
+  ucx.tcp_seg_size_bytes = config.ucx_tcp_seg_size;
+  ucx.rndv_threshold_bytes = config.ucx_rndv_thresh;
+  ucx.clock = std::move(clock);
+  return ucx;
+}
+
 Result<UcxMode> parse_ucx_mode(std::string_view name) {
   if (name == "am") return UcxMode::am;
   if (name == "put") return UcxMode::put;

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "ecx/core/clock.h"
+#include "ecx/core/config.h"
 #include "ecx/transport/transport.h"
 
 namespace ecx::transport {
@@ -83,6 +84,11 @@ struct UcxOptions {
 
 std::string_view ucx_mode_name(UcxMode mode) noexcept;
 Result<UcxMode> parse_ucx_mode(std::string_view name);
+
+// The options every ECX role takes from its configuration (mode, peer-failure
+// handling, TCP segment size, rendezvous threshold) and its clock; the caller adds
+// what is its own (the receiving side's resolver and landing callbacks).
+Result<UcxOptions> ucx_options_from_config(const Config& config, std::shared_ptr<const Clock> clock);
 
 // Creates the UCX context and worker and starts the progress thread.
 Result<std::unique_ptr<Transport>> create_ucx_transport(UcxOptions options);
