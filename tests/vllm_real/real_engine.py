@@ -377,7 +377,7 @@ class RunnerStep:
         self.device = torch.device("cpu")
         self.states: dict[str, _RequestState] = {}
         self.has_ec_transfer, self.get_ec_transfer = has_ec_transfer, get_ec_transfer
-        self.gathered: dict[str, dict[str, str]] = {}  # req_id -> identifier -> digest of what the LM got
+        self.gathered: dict[str, dict[str, list]] = {}  # req_id -> identifier -> rows the LM got
         self.embeds_checked = 0
         if runner == "mrv1":
             self._init_mrv1()
@@ -432,8 +432,9 @@ class RunnerStep:
         return self._sampled_output(so, ec_connector_output)
 
     def _record_gathered_v1(self, so, mm_embeds) -> None:
-        """Which embedding the language model received for every item in the window
-        (order: the batch's requests, then their items, as _gather_mm_embeddings builds it)."""
+        """Which embedding rows the language model received for every item in the
+        window (order: the batch's requests, then their items, as
+        _gather_mm_embeddings builds it); a chunked prompt delivers an item in parts."""
         it = iter(mm_embeds)
         for req_id in self.runner.input_batch.req_ids:
             st = self.states[req_id]
@@ -441,8 +442,7 @@ class RunnerStep:
             for f in st.mm_features:
                 pos = f.mm_position
                 if pos.offset < end and pos.offset + pos.length > start:
-                    self.gathered.setdefault(req_id, {})[f.identifier] = digest(next(it))
-                    self.embeds_checked += 1
+                    self._record(req_id, f.identifier, next(it))
 
     # -- MRv2
 
@@ -518,7 +518,7 @@ class RunnerStep:
 
     def _record_gathered_v2(self, so, batch, inputs_embeds) -> None:
         """The rows of inputs_embeds (what the language model would read) at each item's
-        placeholder positions."""
+        placeholder positions in this step's window."""
         for i, req_id in enumerate(batch.req_ids):
             st = self.states[req_id]
             start = st.num_computed_tokens
@@ -526,13 +526,22 @@ class RunnerStep:
             base = int(batch.query_start_loc_np[i])
             for f in st.mm_features:
                 pos = f.mm_position
-                if pos.offset >= start and pos.offset + pos.length <= end:
-                    lo = base + pos.offset - start
-                    rows = inputs_embeds[lo : lo + pos.length]
-                    self.gathered.setdefault(req_id, {})[f.identifier] = digest(rows)
-                    self.embeds_checked += 1
+                lo, hi = max(pos.offset, start), min(pos.offset + pos.length, end)
+                if lo < hi:
+                    self._record(req_id, f.identifier, inputs_embeds[base + lo - start : base + hi - start])
 
     # -- both
+
+    def _record(self, req_id: str, identifier: str, rows) -> None:
+        self.gathered.setdefault(req_id, {}).setdefault(identifier, []).append(rows.clone())
+
+    def take_gathered(self, req_id: str) -> dict[str, str]:
+        """identifier -> digest of every row the language model received for it."""
+        import torch
+
+        parts = self.gathered.pop(req_id, {})
+        self.embeds_checked += len(parts)
+        return {identifier: digest(torch.cat(rows, dim=0)) for identifier, rows in parts.items()}
 
     def _update_request_states(self, so) -> None:
         for req_id in so.finished_req_ids:
@@ -629,7 +638,7 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
                     if o.finish_reason is not None:
                         finished_any = True
                         outbox.put(("finished", o.request_id, str(o.finish_reason), o.ec_transfer_params,
-                                    step.gathered.pop(o.request_id, {})))
+                                    step.take_gathered(o.request_id)))
             if not finished_any and not so.total_num_scheduled_tokens:
                 time.sleep(0.0005)  # waiting on the network; do not starve the other engine
         elif stopping:
