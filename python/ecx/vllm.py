@@ -184,12 +184,16 @@ _RECV_FAILED_LOAD = "ecx.failed_load:"
 _RECV_RECLAIMED = "ecx.reclaimed:"
 _RECV_FAILED_SAVE = "ecx.failed_save:"
 _RECV_PENDING_SAVES = "ecx.pending_saves:"
+_RECV_RAN_WITHOUT_TOKENS = "ecx.ran_without_tokens"
 
 
-def report_to_finished_recving(report: tuple, pending_changed: bool) -> set[str]:
+def report_to_finished_recving(report: tuple | None, pending_changed: bool, ran_without_tokens: bool = False) -> set[str]:
     """A core worker report as finished_recving entries (see above)."""
+    out = {_RECV_RAN_WITHOUT_TOKENS} if ran_without_tokens else set()
+    if report is None:
+        return out
     loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
-    out = {_RECV_LOADED + h for h in loaded}
+    out |= {_RECV_LOADED + h for h in loaded}
     out |= {_RECV_FAILED_LOAD + h for h in failed_loads}
     out |= {_RECV_RECLAIMED + h for h in reclaimed}
     out |= {_RECV_FAILED_SAVE + r for r in failed_saves}
@@ -221,6 +225,9 @@ def report_from_finished_recving(entries: Any) -> tuple[ECXWorkerMetadata | None
         else:
             if entry.startswith(_RECV_PENDING_SAVES):
                 pending = entry.endswith("1")
+                found = True
+            elif entry == _RECV_RAN_WITHOUT_TOKENS:
+                meta.ran_without_tokens = True
                 found = True
     if not found:
         return None, None
@@ -315,6 +322,13 @@ class ECXConnector(ECConnectorBase):
             self._scheduler.set_asynchronous_loads(False)
         self._unavailable_polled = False
         self._steps_planned = 0
+        # Whether vLLM runs the workers' EC hooks on steps without tokens (None:
+        # not seen yet). Where it does not (MRv2 before its no_forward EC path),
+        # such a step does no connector work, so has_pending_push_work must not
+        # keep the engine stepping: the pushes finish in the background, but no
+        # worker would report it, and the engine would never go idle.
+        self._no_token_steps_reach_workers: bool | None = None
+        self._no_token_step_unanswered = False
 
     def _init_worker(self, vllm_config: Any) -> None:
         self._device_config = getattr(vllm_config, "device_config", None)
@@ -376,6 +390,15 @@ class ECXConnector(ECConnectorBase):
         freed = [str(h) for h in (getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())]
         preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         no_tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
+        if self._no_token_step_unanswered and self._no_token_steps_reach_workers is None:
+            # The previous step scheduled no tokens and no worker reported running
+            # the connector in it.
+            self._no_token_steps_reach_workers = False
+            logger.info(
+                "ECX: vLLM does not run the EC connector on steps without tokens; pushes in flight "
+                "do not keep the engine stepping"
+            )
+        self._no_token_step_unanswered = no_tokens and self._no_token_steps_reach_workers is None
         self._steps_planned += 1
         if self._steps_planned == 2 and not self._unavailable_polled:
             logger.info(
@@ -391,6 +414,10 @@ class ECXConnector(ECConnectorBase):
             return
         reports = []
         meta = getattr(connector_output, "ec_connector_worker_meta", None)
+        recving, pending = report_from_finished_recving(getattr(connector_output, "finished_recving", None))
+        if any(r is not None and r.ran_without_tokens for r in (meta if isinstance(meta, ECXWorkerMetadata) else None, recving)):
+            self._no_token_steps_reach_workers = True
+            self._no_token_step_unanswered = False
         if isinstance(meta, ECXWorkerMetadata):
             reports.append(meta)
             self._pending_saves = meta.pending_saves
@@ -400,7 +427,6 @@ class ECXConnector(ECConnectorBase):
                     "loads are asynchronous from now on"
                 )
                 self._scheduler.set_asynchronous_loads(True)
-        recving, pending = report_from_finished_recving(getattr(connector_output, "finished_recving", None))
         if recving is not None:
             reports.append(recving)
             if pending is not None:
@@ -459,6 +485,8 @@ class ECXConnector(ECConnectorBase):
     def has_pending_push_work(self) -> bool:
         if self._scheduler is None or self._closed:
             return False
+        if self._no_token_steps_reach_workers is False:
+            return False  # a step without tokens would do no connector work (see __init__)
         return self._scheduler.has_pending_push_work()
 
     # ---------------------------------------------------------------- worker side
@@ -594,15 +622,20 @@ class ECXConnector(ECConnectorBase):
                         del self._awaiting_source[mm_hash]
         if finished_req_ids:
             self._worker.get_finished(sorted(str(r) for r in finished_req_ids))
+        meta = self._bound_metadata()
+        ran_without_tokens = meta is not None and meta.no_tokens
+        if ran_without_tokens:
+            self._ran_without_tokens = True
         if self._worker_meta_seen:
             return None, None
         # No worker metadata seen (yet): this step's report goes in finished_recving.
         report = self._worker.build_worker_meta()
-        if report is None:
-            return None, None
-        pending = bool(report[3])
-        recving = report_to_finished_recving(report, pending_changed=pending != self._reported_pending)
-        self._reported_pending = pending
+        pending_changed = False
+        if report is not None:
+            pending = bool(report[3])
+            pending_changed = pending != self._reported_pending
+            self._reported_pending = pending
+        recving = report_to_finished_recving(report, pending_changed, ran_without_tokens)
         return None, (recving or None)
 
     def build_connector_worker_meta(self) -> ECXWorkerMetadata | None:

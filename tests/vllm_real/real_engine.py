@@ -616,15 +616,30 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
 
     steps = 0
     stopping = False
+
+    def handle(message) -> None:
+        nonlocal stopping
+        if message[0] == "request":
+            _, request_id, items, params, with_media = message
+            scheduler.add_request(make_request(request_id, items, params, with_media=with_media))
+        elif message[0] == "stop":
+            stopping = True
+        elif message[0] == "probe":  # diagnostics for a test that timed out
+            outbox.put(("probe", {
+                "steps": steps,
+                "waiting": [r.request_id for r in scheduler.waiting],
+                "skipped_waiting": [r.request_id for r in getattr(scheduler, "skipped_waiting", ())],
+                "running": [r.request_id for r in scheduler.running],
+                "has_requests": scheduler.has_requests(),
+                "scheduler_stats": scheduler.ec_connector.scheduler_stats(),
+                "worker_counters": worker_connector.worker_counters(),
+                "encoder_cache": sorted(step.encoder_cache),
+            }))
+
     while True:
         try:
             while True:
-                message = inbox.get_nowait()
-                if message[0] == "request":
-                    _, request_id, items, params, with_media = message
-                    scheduler.add_request(make_request(request_id, items, params, with_media=with_media))
-                elif message[0] == "stop":
-                    stopping = True
+                handle(inbox.get_nowait())
         except queue.Empty:
             pass
         if scheduler.has_requests():
@@ -645,13 +660,7 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
             break
         else:
             try:
-                message = inbox.get(timeout=0.05)
-                inbox_put_back = message
-                if inbox_put_back[0] == "request":
-                    _, request_id, items, params, with_media = inbox_put_back
-                    scheduler.add_request(make_request(request_id, items, params, with_media=with_media))
-                elif inbox_put_back[0] == "stop":
-                    stopping = True
+                handle(inbox.get(timeout=0.05))
             except queue.Empty:
                 pass
     report = {

@@ -69,7 +69,7 @@ import real_engine  # noqa: E402  (pure Python until engine_main runs: imports n
 
 NUM_REQUESTS = 40
 NUM_ABSENT = 4
-DEADLINE_S = 300  # a hung cluster fails the test instead of hanging CI
+DEADLINE_S = int(os.environ.get("ECX_VLLM_DEADLINE_S", "300"))  # a hung cluster fails the test instead of hanging CI
 
 
 def _free_ports(count: int) -> list[int]:
@@ -147,13 +147,32 @@ def test_encoder_and_pd_engines_deliver_every_embedding_bit_exact(tree: str, run
     for p in processes.values():
         p.start()
     try:
-        _run_cluster(processes, boxes)
+        try:
+            _run_cluster(processes, boxes)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; engine states: {_probe(boxes)}") from None
     finally:
         for p in processes.values():
             p.join(timeout=20)
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def _probe(boxes: dict) -> dict:
+    states = {}
+    for name, (inbox, outbox) in boxes.items():
+        inbox.put(("probe",))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                message = outbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if message[0] == "probe":
+                states[name] = message[1]
+                break
+    return states
 
 
 def _run_cluster(processes: dict, boxes: dict) -> None:
