@@ -328,7 +328,7 @@ class ECXConnector(ECConnectorBase):
         # keep the engine stepping: the pushes finish in the background, but no
         # worker would report it, and the engine would never go idle.
         self._no_token_steps_reach_workers: bool | None = None
-        self._no_token_step_unanswered = False
+        self._unanswered_no_token_steps = 0
 
     def _init_worker(self, vllm_config: Any) -> None:
         self._device_config = getattr(vllm_config, "device_config", None)
@@ -390,15 +390,17 @@ class ECXConnector(ECConnectorBase):
         freed = [str(h) for h in (getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())]
         preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         no_tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
-        if self._no_token_step_unanswered and self._no_token_steps_reach_workers is None:
-            # The previous step scheduled no tokens and no worker reported running
-            # the connector in it.
+        if self._unanswered_no_token_steps >= 2 and self._no_token_steps_reach_workers is None:
+            # Two earlier steps scheduled no tokens and no worker reported running the
+            # connector in either; the first of them has completed even where vLLM
+            # schedules a step ahead (async scheduling keeps two in flight).
             self._no_token_steps_reach_workers = False
             logger.info(
                 "ECX: vLLM does not run the EC connector on steps without tokens; pushes in flight "
                 "do not keep the engine stepping"
             )
-        self._no_token_step_unanswered = no_tokens and self._no_token_steps_reach_workers is None
+        if no_tokens and self._no_token_steps_reach_workers is None:
+            self._unanswered_no_token_steps += 1
         self._steps_planned += 1
         if self._steps_planned == 2 and not self._unavailable_polled:
             logger.info(
@@ -417,7 +419,6 @@ class ECXConnector(ECConnectorBase):
         recving, pending = report_from_finished_recving(getattr(connector_output, "finished_recving", None))
         if any(r is not None and r.ran_without_tokens for r in (meta if isinstance(meta, ECXWorkerMetadata) else None, recving)):
             self._no_token_steps_reach_workers = True
-            self._no_token_step_unanswered = False
         if isinstance(meta, ECXWorkerMetadata):
             reports.append(meta)
             self._pending_saves = meta.pending_saves

@@ -593,6 +593,10 @@ class _InputBatchV2:
 
 
 def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int, extra: dict, inbox, outbox) -> None:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's diagnostics on a timeout
     os.environ["UCX_TLS"] = "tcp"
     try:
         setup_vllm(vllm_src)

@@ -51,6 +51,7 @@ import multiprocessing
 import os
 import queue
 import random
+import signal
 import socket
 import time
 import uuid
@@ -150,7 +151,12 @@ def test_encoder_and_pd_engines_deliver_every_embedding_bit_exact(tree: str, run
         try:
             _run_cluster(processes, boxes)
         except TimeoutError as e:
-            raise TimeoutError(f"{e}; engine states: {_probe(boxes)}") from None
+            states = _probe(boxes)
+            for p in processes.values():
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGUSR1)  # each engine prints its threads' stacks
+            exits = {name: p.exitcode for name, p in processes.items()}
+            raise TimeoutError(f"{e}; exit codes {exits}; engine states: {states}") from None
     finally:
         for p in processes.values():
             p.join(timeout=20)
