@@ -593,6 +593,10 @@ class _InputBatchV2:
 
 
 def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int, extra: dict, inbox, outbox) -> None:
+    """The engine process: builds everything, then steps while there is work and
+    answers the test's messages: ("request", id, items, ec_transfer_params,
+    with_media), ("advance", seconds) for the connector's scheduler clock (a
+    ManualClock: deadlines pass only when the test says so), ("probe",), ("stop",)."""
     import faulthandler
     import signal
 
@@ -601,6 +605,11 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
     try:
         setup_vllm(vllm_src)
         vllm_config = build_vllm_config(role, port, extra, runner)
+        from ecx import _core
+        from ecx.vllm import ECXConnector
+
+        clock = _core.ManualClock()
+        ECXConnector.scheduler_clock = clock
         init_worker_distributed(vllm_config, dist_port)
         from vllm.distributed.ec_transfer import ensure_ec_transfer_initialized, get_ec_transfer
 
@@ -628,6 +637,8 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
             scheduler.add_request(make_request(request_id, items, params, with_media=with_media))
         elif message[0] == "stop":
             stopping = True
+        elif message[0] == "advance":
+            clock.advance(float(message[1]))
         elif message[0] == "probe":  # diagnostics for a test that timed out
             outbox.put(("probe", {
                 "steps": steps,
@@ -667,7 +678,16 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
                 handle(inbox.get(timeout=0.05))
             except queue.Empty:
                 pass
+    try:
+        from vllm.v1.worker.gpu.ec_connector import ActiveECConnector
+
+        ec_no_forward = hasattr(ActiveECConnector, "no_forward")
+    except ImportError:
+        ec_no_forward = False
     report = {
+        "asynchronous_loads": bool(scheduler.ec_connector._scheduler.asynchronous_loads),
+        "no_token_steps_reach_workers": scheduler.ec_connector._no_token_steps_reach_workers,
+        "ec_no_forward": ec_no_forward,
         "steps": steps,
         "local_encodes": len(model.encoded),
         "embeds_checked": step.embeds_checked,

@@ -70,6 +70,9 @@ import real_engine  # noqa: E402  (pure Python until engine_main runs: imports n
 
 NUM_REQUESTS = 40
 NUM_ABSENT = 4
+PUSH_WAIT_TIMEOUT_S = 5  # on the engines' manual scheduler clock: passes only when the test advances it
+LOST = [{"id": "lost-0", "items": [900, 901]}, {"id": "lost-1", "items": [902]}]  # pushes that never come
+MALFORMED = {"id": "malformed-0", "items": [910], "params": {"ec_items": "not-a-list"}}
 DEADLINE_S = int(os.environ.get("ECX_VLLM_DEADLINE_S", "300"))  # a hung cluster fails the test instead of hanging CI
 
 
@@ -124,12 +127,16 @@ def recv(box, deadline: float, processes: dict):
 
 
 def extra_config() -> dict:
-    return {"control_timeout_s": 5, "push_wait_timeout_s": 60, "shutdown_drain_timeout_s": 5, "huge_pages": False}
+    return {"control_timeout_s": 5, "push_wait_timeout_s": PUSH_WAIT_TIMEOUT_S, "shutdown_drain_timeout_s": 5,
+            "huge_pages": False}
 
 
 @pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
 @pytest.mark.parametrize("tree", TREES, ids=[os.path.basename(t.rstrip("/")) for t in TREES])
 def test_encoder_and_pd_engines_deliver_every_embedding_bit_exact(tree: str, runner: str) -> None:
+    """Also, on the same engines: requests whose pushes never come, and one with
+    malformed ec_transfer_params; neither build polls take_unavailable_requests, so
+    the PD engine encodes their items itself once the push deadline passes."""
     ctx = multiprocessing.get_context("spawn")
     boxes = {name: (ctx.Queue(), ctx.Queue()) for name in ("encoder", "pd")}
     pd_port, encoder_port, pd_dist, encoder_dist = _free_ports(4)
@@ -149,7 +156,7 @@ def test_encoder_and_pd_engines_deliver_every_embedding_bit_exact(tree: str, run
         p.start()
     try:
         try:
-            _run_cluster(processes, boxes)
+            _run_cluster(processes, boxes, runner)
         except TimeoutError as e:
             states = _probe(boxes)
             for p in processes.values():
@@ -181,7 +188,7 @@ def _probe(boxes: dict) -> dict:
     return states
 
 
-def _run_cluster(processes: dict, boxes: dict) -> None:
+def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
     encoder_in, encoder_out = boxes["encoder"]
     pd_in, pd_out = boxes["pd"]
@@ -238,6 +245,37 @@ def _run_cluster(processes: dict, boxes: dict) -> None:
             time.sleep(0.01)
     assert not problems, problems[:5]
 
+    # Pushes that never come, and malformed routing: held until the push deadline
+    # passes, then encoded by the PD engine itself (vLLM cannot be told to fail them).
+    for r in LOST:
+        ec_items = [{"mm_hash": real_engine.item_identifier(k), "transfer_id": uuid.uuid4().hex} for k in r["items"]]
+        pd_in.put(("request", r["id"], r["items"], {"ec_items": ec_items}, True))
+        requests.append({"id": r["id"], "items": r["items"], "absent": False, "local": True})
+    pd_in.put(("request", MALFORMED["id"], MALFORMED["items"], MALFORMED["params"], True))
+    requests.append({"id": MALFORMED["id"], "items": MALFORMED["items"], "absent": False, "local": True})
+    def probe_pd() -> dict:
+        pd_in.put(("probe",))
+        while True:
+            message = recv(pd_out, deadline, processes)
+            if message[0] == "probe":
+                return message[1]
+            assert message[0] == "finished", message
+            outcomes[message[1]] = (message[2], message[4])
+
+    # Held while vLLM steps (their pushes may still come). Two engine steps after the
+    # requests were queued, vLLM has shown them to the connector (ensure_cache_available).
+    first = probe_pd()
+    held = probe_pd()
+    while held["steps"] < first["steps"] + 2:
+        held = probe_pd()
+    waiting = set(held["waiting"]) | set(held["skipped_waiting"]) | set(held["running"])
+    assert {r["id"] for r in LOST} <= waiting, held
+    pd_in.put(("advance", PUSH_WAIT_TIMEOUT_S + 1))
+    while len(outcomes) < len(requests):
+        kind, request_id, reason, _params, gathered = recv(pd_out, deadline, processes)
+        assert kind == "finished", kind
+        outcomes[request_id] = (reason, gathered)
+
     for name in ("encoder", "pd"):
         boxes[name][0].put(("stop",))
     final = {name: recv(boxes[name][1], deadline, processes) for name in ("encoder", "pd")}
@@ -255,9 +293,16 @@ def _run_cluster(processes: dict, boxes: dict) -> None:
 
     encoder, pd = final["encoder"][1], final["pd"][1]
     assert final["encoder"][0] == "stopped" and final["pd"][0] == "stopped"
-    absent_items = sum(len(r["items"]) for r in requests if r["absent"])
+    local_items = sum(len(r["items"]) for r in requests if r["absent"] or r.get("local"))
     # Nothing encoded on the PD engine but what the test asked it to encode.
-    assert pd["local_encodes"] == absent_items, (pd["local_encodes"], absent_items, pd["scheduler_stats"])
+    assert pd["local_encodes"] == local_items, (pd["local_encodes"], local_items, pd["scheduler_stats"])
+    # Counted as local fallbacks: the items of the lost pushes and of the malformed request.
+    fallbacks = sum(len(r["items"]) for r in LOST) + len(MALFORMED["items"])
+    assert pd["scheduler_stats"]["local_fallbacks"] == fallbacks, pd["scheduler_stats"]
+    # Asynchronous loads exactly where the runner runs the connector on steps without
+    # tokens and reports worker metadata (MRv2 with its no_forward EC path, 7cfb97e3).
+    assert pd["asynchronous_loads"] == (runner == "mrv2" and pd["ec_no_forward"]), pd
+    assert (pd["no_token_steps_reach_workers"] is True) == (runner == "mrv2" and pd["ec_no_forward"]), pd
     assert pd["embeds_checked"] == sum(len(r["items"]) for r in requests)
     assert encoder["local_encodes"] > 0
     assert not encoder["has_requests"] and not pd["has_requests"]
