@@ -624,8 +624,14 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
         return
     worker_connector = get_ec_transfer()
     control = worker_connector._config.control_address(0) if worker_connector.is_consumer else None
-    outbox.put(("ready", {"control": control, "connector": type(scheduler.ec_connector).__module__ + "."
-                          + type(scheduler.ec_connector).__name__}))
+    import vllm_shims
+
+    outbox.put(("ready", {
+        "control": control,
+        "connector": type(scheduler.ec_connector).__module__ + "." + type(scheduler.ec_connector).__name__,
+        "stubbed_packages": sorted(vllm_shims.STUBBED_PACKAGES),
+        "torch_filled": sorted(set(vllm_shims.TORCH_FILLED)),
+    }))
 
     steps = 0
     stopping = False

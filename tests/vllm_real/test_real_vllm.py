@@ -137,6 +137,16 @@ def test_encoder_and_pd_engines_deliver_every_embedding_bit_exact(tree: str, run
     """Also, on the same engines: requests whose pushes never come, and one with
     malformed ec_transfer_params; neither build polls take_unavailable_requests, so
     the PD engine encodes their items itself once the push deadline passes."""
+    try:
+        import pydantic
+    except ImportError:
+        pydantic = None
+    if pydantic is None or int(pydantic.VERSION.split(".")[0]) < 2:
+        pytest.fail("ECX_VLLM_SRC is set, but vLLM needs pydantic 2 and this interpreter has "
+                    f"{'none' if pydantic is None else pydantic.VERSION}: put a site-packages directory with "
+                    "pydantic 2 (and regex, cloudpickle) on PYTHONPATH (docs/vllm.md)")
+    if not os.path.isdir(os.path.join(tree, "vllm", "distributed", "ec_transfer")):
+        pytest.fail(f"{tree} is not a vLLM source tree with EC transfer (no vllm/distributed/ec_transfer)")
     ctx = multiprocessing.get_context("spawn")
     boxes = {name: (ctx.Queue(), ctx.Queue()) for name in ("encoder", "pd")}
     pd_port, encoder_port, pd_dist, encoder_dist = _free_ports(4)
@@ -197,6 +207,8 @@ def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
         assert message[0] == "ready", (name, message)
         assert message[1]["connector"] == "ecx.vllm.ECXConnector", message
     consumer_zmq = ready["pd"][1]["control"]
+    print("stubbed packages (modules created):", ", ".join(ready["pd"][1]["stubbed_packages"]))
+    print("torch 2 names filled in on torch 1.13:", ", ".join(ready["pd"][1]["torch_filled"]))
 
     requests = workload()
     by_id = {r["id"]: r for r in requests}

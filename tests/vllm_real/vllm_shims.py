@@ -1,4 +1,24 @@
-"""Shims that let vLLM's source tree import under this machine's Python (WIP)."""
+"""What vLLM's source tree needs to import under Debian 12's Python (torch 1.13, no
+msgspec, transformers, pyzmq, ...), and nothing more. Used by real_engine.setup_vllm
+in the engine processes only; the test process never imports vLLM.
+
+- Absent third-party packages (real_engine.STUBBED_PACKAGES): placeholder modules
+  whose every attribute is a placeholder class (instances are falsy, calls return
+  themselves), so that `from x import Y`, subclassing and annotations work; nothing
+  on the tested paths calls them. `importlib.metadata` reports transformers 5.0.0
+  (vLLM refuses v4 at import). msgspec is replaced by _msgspec_lite instead.
+- The `vllm` distribution metadata: version "0.0.0+cpu", what a CPU build of the tree
+  reports, so that vLLM selects its own CpuPlatform.
+- torch 2 names on torch 1.13: `torch.library.infer_schema` (an annotation-based
+  subset), `Library(..., "FRAGMENT")` (inert: its ops become their Python functions
+  under torch.ops.<ns>, with `.default` and overload attributes), `torch.Tag` members,
+  the float8/float4/uint16-64 dtypes (stand-ins: float64, uint8, int16-64),
+  `c10d._get_default_timeout`, the CPU feature probes `torch.cpu._is_avx512*` (False),
+  `init_process_group`/`new_group` accepting `timeout=None` (and `device_id`).
+- Any other torch attribute or submodule that vLLM (not torch itself) asks for and
+  torch 1.13 lacks becomes a placeholder, recorded in TORCH_FILLED; the engines
+  report that list and the test prints it.
+"""
 from __future__ import annotations
 
 import importlib.abc
@@ -41,6 +61,9 @@ def _placeholder(qualname: str):
 
         def __call__(self, *a, **k):
             return self
+
+        def __bool__(self):  # a feature probe through a placeholder answers "not available"
+            return False
 
     return _P
 
@@ -231,6 +254,10 @@ def install(names=()):
     if not hasattr(c10d, "_get_default_timeout"):
         TORCH_FILLED.append("torch.distributed.distributed_c10d._get_default_timeout")
         c10d._get_default_timeout = lambda backend=None: c10d.default_pg_timeout
+    for name in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        if not hasattr(torch.cpu, name):  # CpuPlatform's CPU feature probes (torch 2)
+            TORCH_FILLED.append(f"torch.cpu.{name}")
+            setattr(torch.cpu, name, lambda: False)
     _init_process_group = torch.distributed.init_process_group
     _new_group = torch.distributed.new_group
 
