@@ -379,6 +379,12 @@ class RunnerStep:
         self.has_ec_transfer, self.get_ec_transfer = has_ec_transfer, get_ec_transfer
         self.gathered: dict[str, dict[str, list]] = {}  # req_id -> identifier -> rows the LM got
         self.embeds_checked = 0
+        try:
+            from vllm.distributed.ec_transfer.ec_connector.utils import ECOutputAggregator
+
+            self.aggregator = ECOutputAggregator()
+        except ImportError:  # 6adad087: only rank 0's output reaches the scheduler
+            self.aggregator = None
         if runner == "mrv1":
             self._init_mrv1()
         else:
@@ -456,15 +462,21 @@ class RunnerStep:
         self.model_state = DefaultModelState(self.vllm_config, self.model, self.v2_encoder_cache, self.device)
         self.is_encoder_only = self.vllm_config.is_encoder_only
         self.encoder_cache = self.v2_encoder_cache.encoder_outputs
-        try:
-            from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
-        except ImportError:  # pragma: no cover
-            V2Runner = None
-        self.v2_runner = None
-        if V2Runner is not None and hasattr(V2Runner, "_merge_ec_connector_no_forward"):
-            shell = V2Runner.__new__(V2Runner)
-            shell.ec_connector = self.ec_connector
-            self.v2_runner = shell
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+
+        # The V2 runner without __init__ (GPU buffers, a model): its free_states and,
+        # at 7cfb97e3, _merge_ec_connector_no_forward use only these two attributes.
+        shell = V2Runner.__new__(V2Runner)
+        shell.ec_connector = self.ec_connector
+        shell.encoder_cache = self.v2_encoder_cache
+        self.v2_runner = shell
+        self.v2_no_forward = hasattr(V2Runner, "_merge_ec_connector_no_forward")
+        # Whether a step that runs the language model returns its ECConnectorOutput
+        # (sample_tokens carries it at 7cfb97e3; at 6adad087 only the encoder-only
+        # return does, so a PD engine's reports never reach its scheduler).
+        import inspect
+
+        self.v2_sampled_carries_ec = "ec_connector_output" in inspect.getsource(V2Runner.sample_tokens)
 
     def _step_mrv2(self, so):
         import numpy as np
@@ -472,17 +484,16 @@ class RunnerStep:
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, make_empty_encoder_model_runner_output
 
         cache = self.v2_encoder_cache
-        # finish_requests, free_states, add_requests (the encoder-cache parts).
+        # finish_requests and add_requests (their encoder-cache parts), free_states (real).
         for req_id in set(so.finished_req_ids) | set(getattr(so, "preempted_req_ids", None) or ()):
             cache.remove_request(req_id)
-        for mm_hash in so.free_encoder_mm_hashes:
-            cache.free_encoder_cache(mm_hash)
+        self.v2_runner.free_states(so)
         for new_req in so.scheduled_new_reqs:
             cache.add_request(new_req.req_id, new_req.mm_features)
         self._update_request_states(so)
         if so.total_num_scheduled_tokens == 0:
             empty = EMPTY_MODEL_RUNNER_OUTPUT  # kv_connector.no_forward without a KV connector
-            if self.v2_runner is not None:
+            if self.v2_no_forward:  # 7cfb97e3: the EC context runs anyway
                 return self.v2_runner._merge_ec_connector_no_forward(so, empty)
             return empty
         req_ids = list(so.num_scheduled_tokens)
@@ -514,7 +525,7 @@ class RunnerStep:
                 return ModelRunnerOutput.with_ec_conn_output(output, ec_connector_output)
             output.ec_connector_output = ec_connector_output  # 6adad087
             return output
-        return self._sampled_output(so, ec_connector_output)
+        return self._sampled_output(so, ec_connector_output if self.v2_sampled_carries_ec else None)
 
     def _record_gathered_v2(self, so, batch, inputs_embeds) -> None:
         """The rows of inputs_embeds (what the language model would read) at each item's
@@ -577,6 +588,10 @@ class RunnerStep:
         if so.ec_connector_metadata is not None:
             so.ec_connector_metadata = pickle.loads(pickle.dumps(so.ec_connector_metadata))
         out = self._step_mrv1(so) if self.kind == "mrv1" else self._step_mrv2(so)
+        if self.aggregator is not None:
+            # 7cfb97e3's multiprocess executor folds every rank's EC output onto the
+            # output rank's (one rank here).
+            out = self.aggregator.aggregate([out], output_rank=0)
         ec_out = getattr(out, "ec_connector_output", None)
         meta = getattr(ec_out, "ec_connector_worker_meta", None) if ec_out is not None else None
         if meta is not None:
