@@ -288,8 +288,6 @@ class EncoderModel:
         self.encoded: list[str] = []
 
     def embed_multimodal(self, pixel_values=None, **kwargs):
-        import torch
-
         items = list(pixel_values) if isinstance(pixel_values, (list, tuple)) else list(pixel_values.unbind(0))
         outputs = [encode_pixels(p) for p in items]
         self.encoded.extend(digest(o) for o in outputs)
