@@ -329,6 +329,21 @@ class ECXConnector(ECConnectorBase):
         # worker would report it, and the engine would never go idle.
         self._no_token_steps_reach_workers: bool | None = None
         self._unanswered_no_token_steps = 0
+        # Whether the workers' reports reach this side at all (None: not known yet).
+        # MRv2 at 6adad087 returns a PD step's ECConnectorOutput only from its
+        # encoder-only branch, so no load is ever confirmed there; loads that such a
+        # vLLM ran (synchronously, in the step that planned them) are then confirmed
+        # here, once a later step is being planned. Without that, an entry vLLM evicts
+        # and allocates again in one step is neither kept nor loaded again, and vLLM
+        # stops on "Encoder cache miss".
+        self._reports_reach_scheduler: bool | None = None
+        # (step planned, hashes loaded, requests scheduled in that step)
+        self._loads_awaiting_report: list[tuple[int, list[str], set[str]]] = []
+        self._loads_to_confirm: list[str] = []
+        try:  # steps vLLM keeps in flight (2 with async scheduling, PP + 1 with PP)
+            self._steps_in_flight = max(1, int(getattr(vllm_config, "max_concurrent_batches", 2)))
+        except Exception:  # noqa: BLE001 - a config that cannot say: assume async scheduling
+            self._steps_in_flight = 2
 
     def _init_worker(self, vllm_config: Any) -> None:
         self._device_config = getattr(vllm_config, "device_config", None)
@@ -360,9 +375,18 @@ class ECXConnector(ECConnectorBase):
 
     # ---------------------------------------------------------------- scheduler side
 
+    def _confirm_unreported_loads(self) -> None:
+        """Confirms the synchronous loads of earlier steps where no report ever comes
+        (see _reports_reach_scheduler): those steps have run their start_load_caches."""
+        if not self._loads_to_confirm:
+            return
+        loaded, self._loads_to_confirm = sorted(set(self._loads_to_confirm)), []
+        self._scheduler.update_connector_output(loaded, [], [], self._pending_saves, [])
+
     def has_cache_item(self, identifier: str) -> bool:
         if self._scheduler is None or self._closed:
             return False
+        self._confirm_unreported_loads()
         return self._scheduler.has_cache_item(identifier)
 
     def has_caches(self, request: Any) -> list[bool]:
@@ -372,11 +396,13 @@ class ECXConnector(ECConnectorBase):
     def ensure_cache_available(self, request: Any, num_computed_tokens: int = 0, *args: Any, **kwargs: Any) -> bool:
         if self._scheduler is None or self._closed or not getattr(request, "mm_features", None):
             return True
+        self._confirm_unreported_loads()
         return self._scheduler.ensure_cache_available(self._views.get(request), int(num_computed_tokens))
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         if self._scheduler is None or self._closed:
             return
+        self._confirm_unreported_loads()
         self._scheduler.update_state_after_alloc(self._views.get(request), int(index))
 
     def update_state_after_free(self, request: Any, index: int) -> None:
@@ -407,7 +433,32 @@ class ECXConnector(ECConnectorBase):
                 "ECX: vLLM does not poll take_unavailable_requests; items ECX cannot deliver are encoded locally"
             )
             self._scheduler.set_unavailable_reaches_engine(False)
-        return ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
+        finished_ids = {str(r) for r in (getattr(scheduler_output, "finished_req_ids", None) or ())}
+        if self._reports_reach_scheduler is None and any(
+            self._steps_planned - step >= self._steps_in_flight or (requests & finished_ids)
+            for step, _, requests in self._loads_awaiting_report
+        ):
+            # A step that loaded has completed (vLLM keeps no more steps in flight, or a
+            # request it scheduled has finished since) and no report came: none comes.
+            self._reports_reach_scheduler = False
+            logger.info(
+                "ECX: vLLM does not hand the workers' EC output to the scheduler on steps that run the model; "
+                "synchronous loads are confirmed when the next step is planned"
+            )
+            for _, hashes, _ in self._loads_awaiting_report:
+                self._loads_to_confirm.extend(hashes)
+            self._loads_awaiting_report.clear()
+        self._confirm_unreported_loads()
+        meta = ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
+        if self._config.is_consumer and not self._scheduler.asynchronous_loads:
+            planned = [item.mm_hash for item in meta.loads if not item.local]
+            if planned:
+                if self._reports_reach_scheduler is False:
+                    self._loads_to_confirm.extend(planned)
+                elif self._reports_reach_scheduler is None:
+                    scheduled = {str(r) for r in (getattr(scheduler_output, "num_scheduled_tokens", None) or {})}
+                    self._loads_awaiting_report.append((self._steps_planned, planned, scheduled))
+        return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Worker reports arrive as worker metadata where vLLM has it, else in
@@ -434,6 +485,9 @@ class ECXConnector(ECConnectorBase):
                 self._pending_saves = pending
         if not reports:
             return
+        if self._reports_reach_scheduler is None:
+            self._reports_reach_scheduler = True
+            self._loads_awaiting_report.clear()
         loaded: set[str] = set()
         failed: set[str] = set()
         reclaimed: set[str] = set()
