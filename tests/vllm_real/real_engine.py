@@ -60,7 +60,12 @@ def item_identifier(k: int) -> str:
     return hashlib.sha256(f"image-{k}".encode()).hexdigest()[:40]
 
 
+SIZED = 10_000  # item k >= SIZED has k // SIZED rows (a test's way to pick sizes)
+
+
 def item_rows(k: int) -> int:
+    if k >= SIZED:
+        return k // SIZED
     return 16 + (k * 37) % 241  # 16..256
 
 
@@ -193,7 +198,7 @@ def _registry_double():
     return Registry()
 
 
-def build_vllm_config(role: str, port: int, extra: dict, runner: str = "mrv1"):
+def build_vllm_config(role: str, port: int, extra: dict, runner: str = "mrv1", max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS):
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -209,7 +214,7 @@ def build_vllm_config(role: str, port: int, extra: dict, runner: str = "mrv1"):
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     vllm_config = VllmConfig(
         scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_num_batched_tokens=max_num_batched_tokens,  # also the encoder cache's size, in rows
             max_num_seqs=64,
             max_model_len=4096,
             is_encoder_decoder=False,
@@ -605,11 +610,14 @@ class _InputBatchV2:
 # ------------------------------------------------------------------ engine process
 
 
-def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int, extra: dict, inbox, outbox) -> None:
+def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int, extra: dict, inbox, outbox,
+                max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS) -> None:
     """The engine process: builds everything, then steps while there is work and
     answers the test's messages: ("request", id, items, ec_transfer_params,
-    with_media), ("advance", seconds) for the connector's scheduler clock (a
-    ManualClock: deadlines pass only when the test says so), ("probe",), ("stop",)."""
+    with_media), ("batch", [request, ...]) admitted together once all their items have
+    landed in this engine's pool (so that one step schedules them), ("advance",
+    seconds) for the connector's scheduler clock (a ManualClock: deadlines pass only
+    when the test says so), ("probe",), ("stop",)."""
     import faulthandler
     import signal
 
@@ -617,7 +625,7 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
     os.environ["UCX_TLS"] = "tcp"
     try:
         setup_vllm(vllm_src)
-        vllm_config = build_vllm_config(role, port, extra, runner)
+        vllm_config = build_vllm_config(role, port, extra, runner, max_num_batched_tokens)
         from ecx import _core
         from ecx.vllm import ECXConnector
 
@@ -648,12 +656,19 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
 
     steps = 0
     stopping = False
+    staged: list = []  # a batch waiting for its items to land
+    staged_landings = 0
+    retained: set[str] = set()  # entries vLLM evicted and allocated again in one step, kept by ECX
 
     def handle(message) -> None:
         nonlocal stopping
+        nonlocal staged_landings
         if message[0] == "request":
             _, request_id, items, params, with_media = message
             scheduler.add_request(make_request(request_id, items, params, with_media=with_media))
+        elif message[0] == "batch":
+            staged.extend(make_request(r, items, params, with_media=m) for r, items, params, m in message[1])
+            staged_landings = message[2]
         elif message[0] == "stop":
             stopping = True
         elif message[0] == "advance":
@@ -661,6 +676,7 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
         elif message[0] == "probe":  # diagnostics for a test that timed out
             outbox.put(("probe", {
                 "steps": steps,
+                "landings_ready": worker_connector.worker_counters().get("landings_ready"),
                 "waiting": [r.request_id for r in scheduler.waiting],
                 "skipped_waiting": [r.request_id for r in getattr(scheduler, "skipped_waiting", ())],
                 "running": [r.request_id for r in scheduler.running],
@@ -676,8 +692,14 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
                 handle(inbox.get_nowait())
         except queue.Empty:
             pass
+        if staged and worker_connector.worker_counters()["landings_ready"] >= staged_landings:
+            for r in staged:
+                scheduler.add_request(r)
+            staged.clear()
         if scheduler.has_requests():
             so = scheduler.schedule()
+            if so.ec_connector_metadata is not None:
+                retained.update(getattr(so.ec_connector_metadata, "retained", ()) or ())
             out = step.step(so)
             steps += 1
             engine_outputs = scheduler.update_from_output(so, out)
@@ -690,7 +712,7 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
                                     step.take_gathered(o.request_id)))
             if not finished_any and not so.total_num_scheduled_tokens:
                 time.sleep(0.0005)  # waiting on the network; do not starve the other engine
-        elif stopping:
+        elif stopping and not staged:
             break
         else:
             try:
@@ -703,11 +725,19 @@ def engine_main(vllm_src: str, runner: str, role: str, port: int, dist_port: int
         ec_no_forward = hasattr(ActiveECConnector, "no_forward")
     except ImportError:
         ec_no_forward = False
+    import inspect
+
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
     report = {
+        # 7cfb97e3's EncoderCacheManager no longer reports an entry as freed when the
+        # same scheduling pass allocates it again (the worker keeps its tensor).
+        "vllm_keeps_reallocated": "not in self.cached" in inspect.getsource(EncoderCacheManager.get_freed_mm_hashes),
         "asynchronous_loads": bool(scheduler.ec_connector._scheduler.asynchronous_loads),
         "no_token_steps_reach_workers": scheduler.ec_connector._no_token_steps_reach_workers,
         "ec_no_forward": ec_no_forward,
         "steps": steps,
+        "retained": sorted(retained),
         "local_encodes": len(model.encoded),
         "embeds_checked": step.embeds_checked,
         "scheduler_stats": scheduler.ec_connector.scheduler_stats(),

@@ -73,6 +73,13 @@ NUM_ABSENT = 4
 PUSH_WAIT_TIMEOUT_S = 5  # on the engines' manual scheduler clock: passes only when the test advances it
 LOST = [{"id": "lost-0", "items": [900, 901]}, {"id": "lost-1", "items": [902]}]  # pushes that never come
 MALFORMED = {"id": "malformed-0", "items": [910], "params": {"ec_items": "not-a-list"}}
+# The PD engine's max_num_batched_tokens, which is also its encoder cache's size in
+# rows: small, so that the workload evicts, and the eviction scenario below fits.
+PD_BATCHED_TOKENS = 2048
+SIZED = real_engine.SIZED
+EVICT_X = 200 * SIZED + 1  # loaded first: the oldest unreferenced entry
+EVICT_Y = 300 * SIZED + 1  # loaded next
+EVICT_FILLER = [206 * SIZED + i for i in range(1, 9)]  # 1648 rows: evicts X (not Y) to fit
 DEADLINE_S = int(os.environ.get("ECX_VLLM_DEADLINE_S", "300"))  # a hung cluster fails the test instead of hanging CI
 
 
@@ -158,7 +165,7 @@ def test_encoder_and_pd_engines_deliver_every_embedding_bit_exact(tree: str, run
         ),
         "pd": ctx.Process(
             target=real_engine.engine_main,
-            args=(tree, runner, "ec_consumer", pd_port, pd_dist, extra_config(), *boxes["pd"]),
+            args=(tree, runner, "ec_consumer", pd_port, pd_dist, extra_config(), *boxes["pd"], PD_BATCHED_TOKENS),
             daemon=True,
         ),
     }
@@ -210,6 +217,9 @@ def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
     print("stubbed packages (modules created):", ", ".join(ready["pd"][1]["stubbed_packages"]))
     print("torch 2 names filled in on torch 1.13:", ", ".join(ready["pd"][1]["torch_filled"]))
 
+    outcomes: dict[str, tuple] = {}
+    scenario = _evicted_and_allocated_again(consumer_zmq, boxes, deadline, processes, outcomes)
+
     requests = workload()
     by_id = {r["id"]: r for r in requests}
     transfer_ids: dict[str, list[str]] = {}
@@ -224,8 +234,7 @@ def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
 
     problems: list[str] = []
     pending_encoder = set(transfer_ids)
-    outcomes: dict[str, tuple] = {}
-    while pending_encoder or len(outcomes) < len(requests):
+    while pending_encoder or any(r["id"] not in outcomes for r in requests):
         progressed = False
         try:
             kind, request_id, reason, params, _ = encoder_out.get_nowait()
@@ -257,6 +266,7 @@ def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
             time.sleep(0.01)
     assert not problems, problems[:5]
 
+    requests += scenario
     # Pushes that never come, and malformed routing: held until the push deadline
     # passes, then encoded by the PD engine itself (vLLM cannot be told to fail them).
     for r in LOST:
@@ -315,6 +325,10 @@ def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
     # tokens and reports worker metadata (MRv2 with its no_forward EC path, 7cfb97e3).
     assert pd["asynchronous_loads"] == (runner == "mrv2" and pd["ec_no_forward"]), pd
     assert (pd["no_token_steps_reach_workers"] is True) == (runner == "mrv2" and pd["ec_no_forward"]), pd
+    # vLLM evicted X and allocated it again in one step: at 6adad087 it told the
+    # runner to drop X and ECX put its copy back; 7cfb97e3 keeps X itself.
+    x = real_engine.item_identifier(EVICT_X)
+    assert (x in pd["retained"]) != pd["vllm_keeps_reallocated"], (pd["retained"], pd["vllm_keeps_reallocated"])
     assert pd["embeds_checked"] == sum(len(r["items"]) for r in requests)
     assert encoder["local_encodes"] > 0
     assert not encoder["has_requests"] and not pd["has_requests"]
@@ -326,6 +340,53 @@ def _run_cluster(processes: dict, boxes: dict, runner: str) -> None:
         assert report[1]["shutdown_s"] < 2.0, (name, report[1]["shutdown_s"])
     for name, p in processes.items():
         assert p.exitcode == 0, f"{name} exited with {p.exitcode}"
+
+
+def _through_encoder(request_id: str, items: list[int], consumer_zmq: str, boxes: dict, deadline: float,
+                     processes: dict) -> list[dict]:
+    """Proxy, encoder leg of one request: the ec_items the encoder reported."""
+    encoder_in, encoder_out = boxes["encoder"]
+    params = {"consumer_zmq": consumer_zmq, "ec_items": [{"transfer_id": uuid.uuid4().hex} for _ in items]}
+    encoder_in.put(("request", request_id, items, params, True))
+    kind, finished_id, _reason, reported, _ = recv(encoder_out, deadline, processes)
+    assert kind == "finished" and finished_id == request_id, (kind, finished_id)
+    return reported["ec_items"]
+
+
+def _evicted_and_allocated_again(consumer_zmq: str, boxes: dict, deadline: float, processes: dict,
+                                 outcomes: dict) -> list[dict]:
+    """The PD engine loads X, then Y (both stay as unreferenced encoder-cache
+    entries); then one step schedules a request whose items make vLLM's
+    EncoderCacheManager evict X, and after it a request for X with a new transfer: vLLM
+    drops X from the runner's cache at the step's start and ECX must put it back."""
+    pd_in, pd_out = boxes["pd"]
+
+    def pd_request(request_id: str, items: list[int]) -> None:
+        pd_in.put(("request", request_id, items, {"ec_items": _through_encoder(
+            request_id, items, consumer_zmq, boxes, deadline, processes)}, True))
+        kind, finished_id, reason, _params, gathered = recv(pd_out, deadline, processes)
+        assert kind == "finished" and finished_id == request_id, (kind, finished_id)
+        outcomes[request_id] = (reason, gathered)
+
+    pd_request("evict-x", [EVICT_X])
+    pd_request("evict-y", [EVICT_Y])
+    pd_in.put(("probe",))
+    message = recv(pd_out, deadline, processes)
+    assert message[0] == "probe", message
+    landed_before = message[1]["landings_ready"]
+    batch = [("evict-filler", EVICT_FILLER), ("evict-x-again", [EVICT_X])]
+    entries = [(r, items, {"ec_items": _through_encoder(r, items, consumer_zmq, boxes, deadline, processes)}, True)
+               for r, items in batch]
+    # Admitted together once the filler's 8 pushes have landed (X's second push finds
+    # X's copy still resident in the pool and lands nothing new), so that one step
+    # schedules both.
+    pd_in.put(("batch", entries, landed_before + len(EVICT_FILLER)))
+    for _ in batch:
+        kind, finished_id, reason, _params, gathered = recv(pd_out, deadline, processes)
+        assert kind == "finished", kind
+        outcomes[finished_id] = (reason, gathered)
+    return [{"id": r, "items": items, "absent": False} for r, items in
+            [("evict-x", [EVICT_X]), ("evict-y", [EVICT_Y]), *batch]]
 
 
 def recv_deadline_check(deadline: float, processes: dict) -> None:
