@@ -40,9 +40,11 @@ placeholders; the test prints the exact list), the `vllm` distribution metadata
 
 Checked per configuration: every request finishes; every embedding the language
 model receives on the PD engine is bit-exact with what the encoder computed; the PD
-engine encodes nothing except the items of requests sent without
-`ec_transfer_params` (which it must encode itself); both engines go idle, shut down
-promptly, and leave no pool bytes in use.
+engine encodes nothing except the items of requests sent without (usable)
+`ec_transfer_params` or whose pushes never come (which it must encode itself); an
+entry vLLM evicts and allocates again in one step is kept; loads are asynchronous
+exactly where the runner runs the connector on steps without tokens; both engines go
+idle and shut down in under 2 s.
 """
 
 from __future__ import annotations
