@@ -6,7 +6,7 @@ CMAKE_ARGS ?=
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all bootstrap configure build check-deps test demo lint format asan asan-unit tsan nocuda bench fuzz install clean
+.PHONY: all bootstrap configure build check-deps test test-vllm demo lint format asan asan-unit tsan nocuda bench fuzz install clean
 
 all: build
 
@@ -28,6 +28,16 @@ test: check-deps
 	ctest --preset default -j $(JOBS)
 	PYTHONPATH=$(CURDIR)/build/python ECX_BUILD_DIR=$(CURDIR)/build $(PYTHON) -m pytest -q -p no:cacheprovider tests/python $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory asan-unit
+
+# The connector inside real vLLM code (tests/vllm_real; docs/vllm.md, "Testing against
+# real vLLM"): ECX_VLLM_SRC names one or more vLLM source trees (separated by ':'),
+# VLLM_PYTHONPATH a directory with pydantic 2, regex and cloudpickle. Without
+# ECX_VLLM_SRC the suite is skipped.
+ECX_VLLM_SRC ?=
+VLLM_PYTHONPATH ?=
+test-vllm: build
+	PYTHONPATH=$(CURDIR)/build/python$(if $(VLLM_PYTHONPATH),:$(VLLM_PYTHONPATH)) ECX_VLLM_SRC=$(ECX_VLLM_SRC) \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider -rs tests/vllm_real $(PYTEST_ARGS)
 
 demo: build
 	@if build/bin/ecx demo --help >/dev/null 2>&1; then build/bin/ecx demo; \

@@ -184,12 +184,16 @@ _RECV_FAILED_LOAD = "ecx.failed_load:"
 _RECV_RECLAIMED = "ecx.reclaimed:"
 _RECV_FAILED_SAVE = "ecx.failed_save:"
 _RECV_PENDING_SAVES = "ecx.pending_saves:"
+_RECV_RAN_WITHOUT_TOKENS = "ecx.ran_without_tokens"
 
 
-def report_to_finished_recving(report: tuple, pending_changed: bool) -> set[str]:
+def report_to_finished_recving(report: tuple | None, pending_changed: bool, ran_without_tokens: bool = False) -> set[str]:
     """A core worker report as finished_recving entries (see above)."""
+    out = {_RECV_RAN_WITHOUT_TOKENS} if ran_without_tokens else set()
+    if report is None:
+        return out
     loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
-    out = {_RECV_LOADED + h for h in loaded}
+    out |= {_RECV_LOADED + h for h in loaded}
     out |= {_RECV_FAILED_LOAD + h for h in failed_loads}
     out |= {_RECV_RECLAIMED + h for h in reclaimed}
     out |= {_RECV_FAILED_SAVE + r for r in failed_saves}
@@ -221,6 +225,9 @@ def report_from_finished_recving(entries: Any) -> tuple[ECXWorkerMetadata | None
         else:
             if entry.startswith(_RECV_PENDING_SAVES):
                 pending = entry.endswith("1")
+                found = True
+            elif entry == _RECV_RAN_WITHOUT_TOKENS:
+                meta.ran_without_tokens = True
                 found = True
     if not found:
         return None, None
@@ -315,6 +322,28 @@ class ECXConnector(ECConnectorBase):
             self._scheduler.set_asynchronous_loads(False)
         self._unavailable_polled = False
         self._steps_planned = 0
+        # Whether vLLM runs the workers' EC hooks on steps without tokens (None:
+        # not seen yet). Where it does not (MRv2 before its no_forward EC path),
+        # such a step does no connector work, so has_pending_push_work must not
+        # keep the engine stepping: the pushes finish in the background, but no
+        # worker would report it, and the engine would never go idle.
+        self._no_token_steps_reach_workers: bool | None = None
+        self._unanswered_no_token_steps = 0
+        # Whether the workers' reports reach this side at all (None: not known yet).
+        # MRv2 at 6adad087 returns a PD step's ECConnectorOutput only from its
+        # encoder-only branch, so no load is ever confirmed there; loads that such a
+        # vLLM ran (synchronously, in the step that planned them) are then confirmed
+        # here, once a later step is being planned. Without that, an entry vLLM evicts
+        # and allocates again in one step is neither kept nor loaded again, and vLLM
+        # stops on "Encoder cache miss".
+        self._reports_reach_scheduler: bool | None = None
+        # (step planned, hashes loaded, requests scheduled in that step)
+        self._loads_awaiting_report: list[tuple[int, list[str], set[str]]] = []
+        self._loads_to_confirm: list[str] = []
+        try:  # steps vLLM keeps in flight (2 with async scheduling, PP + 1 with PP)
+            self._steps_in_flight = max(1, int(getattr(vllm_config, "max_concurrent_batches", 2)))
+        except Exception:  # noqa: BLE001 - a config that cannot say: assume async scheduling
+            self._steps_in_flight = 2
 
     def _init_worker(self, vllm_config: Any) -> None:
         self._device_config = getattr(vllm_config, "device_config", None)
@@ -346,9 +375,18 @@ class ECXConnector(ECConnectorBase):
 
     # ---------------------------------------------------------------- scheduler side
 
+    def _confirm_unreported_loads(self) -> None:
+        """Confirms the synchronous loads of earlier steps where no report ever comes
+        (see _reports_reach_scheduler): those steps have run their start_load_caches."""
+        if not self._loads_to_confirm:
+            return
+        loaded, self._loads_to_confirm = sorted(set(self._loads_to_confirm)), []
+        self._scheduler.update_connector_output(loaded, [], [], self._pending_saves, [])
+
     def has_cache_item(self, identifier: str) -> bool:
         if self._scheduler is None or self._closed:
             return False
+        self._confirm_unreported_loads()
         return self._scheduler.has_cache_item(identifier)
 
     def has_caches(self, request: Any) -> list[bool]:
@@ -358,11 +396,13 @@ class ECXConnector(ECConnectorBase):
     def ensure_cache_available(self, request: Any, num_computed_tokens: int = 0, *args: Any, **kwargs: Any) -> bool:
         if self._scheduler is None or self._closed or not getattr(request, "mm_features", None):
             return True
+        self._confirm_unreported_loads()
         return self._scheduler.ensure_cache_available(self._views.get(request), int(num_computed_tokens))
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         if self._scheduler is None or self._closed:
             return
+        self._confirm_unreported_loads()
         self._scheduler.update_state_after_alloc(self._views.get(request), int(index))
 
     def update_state_after_free(self, request: Any, index: int) -> None:
@@ -376,13 +416,49 @@ class ECXConnector(ECConnectorBase):
         freed = [str(h) for h in (getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())]
         preempted = [str(r) for r in (getattr(scheduler_output, "preempted_req_ids", None) or ())]
         no_tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
+        if self._unanswered_no_token_steps >= 2 and self._no_token_steps_reach_workers is None:
+            # Two earlier steps scheduled no tokens and no worker reported running the
+            # connector in either; the first of them has completed even where vLLM
+            # schedules a step ahead (async scheduling keeps two in flight).
+            self._no_token_steps_reach_workers = False
+            logger.info(
+                "ECX: vLLM does not run the EC connector on steps without tokens; pushes in flight "
+                "do not keep the engine stepping"
+            )
+        if no_tokens and self._no_token_steps_reach_workers is None:
+            self._unanswered_no_token_steps += 1
         self._steps_planned += 1
         if self._steps_planned == 2 and not self._unavailable_polled:
             logger.info(
                 "ECX: vLLM does not poll take_unavailable_requests; items ECX cannot deliver are encoded locally"
             )
             self._scheduler.set_unavailable_reaches_engine(False)
-        return ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
+        finished_ids = {str(r) for r in (getattr(scheduler_output, "finished_req_ids", None) or ())}
+        if self._reports_reach_scheduler is None and any(
+            self._steps_planned - step >= self._steps_in_flight or (requests & finished_ids)
+            for step, _, requests in self._loads_awaiting_report
+        ):
+            # A step that loaded has completed (vLLM keeps no more steps in flight, or a
+            # request it scheduled has finished since) and no report came: none comes.
+            self._reports_reach_scheduler = False
+            logger.info(
+                "ECX: vLLM does not hand the workers' EC output to the scheduler on steps that run the model; "
+                "synchronous loads are confirmed when the next step is planned"
+            )
+            for _, hashes, _ in self._loads_awaiting_report:
+                self._loads_to_confirm.extend(hashes)
+            self._loads_awaiting_report.clear()
+        self._confirm_unreported_loads()
+        meta = ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
+        if self._config.is_consumer and not self._scheduler.asynchronous_loads:
+            planned = [item.mm_hash for item in meta.loads if not item.local]
+            if planned:
+                if self._reports_reach_scheduler is False:
+                    self._loads_to_confirm.extend(planned)
+                elif self._reports_reach_scheduler is None:
+                    scheduled = {str(r) for r in (getattr(scheduler_output, "num_scheduled_tokens", None) or {})}
+                    self._loads_awaiting_report.append((self._steps_planned, planned, scheduled))
+        return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Worker reports arrive as worker metadata where vLLM has it, else in
@@ -391,6 +467,9 @@ class ECXConnector(ECConnectorBase):
             return
         reports = []
         meta = getattr(connector_output, "ec_connector_worker_meta", None)
+        recving, pending = report_from_finished_recving(getattr(connector_output, "finished_recving", None))
+        if any(r is not None and r.ran_without_tokens for r in (meta if isinstance(meta, ECXWorkerMetadata) else None, recving)):
+            self._no_token_steps_reach_workers = True
         if isinstance(meta, ECXWorkerMetadata):
             reports.append(meta)
             self._pending_saves = meta.pending_saves
@@ -400,13 +479,15 @@ class ECXConnector(ECConnectorBase):
                     "loads are asynchronous from now on"
                 )
                 self._scheduler.set_asynchronous_loads(True)
-        recving, pending = report_from_finished_recving(getattr(connector_output, "finished_recving", None))
         if recving is not None:
             reports.append(recving)
             if pending is not None:
                 self._pending_saves = pending
         if not reports:
             return
+        if self._reports_reach_scheduler is None:
+            self._reports_reach_scheduler = True
+            self._loads_awaiting_report.clear()
         loaded: set[str] = set()
         failed: set[str] = set()
         reclaimed: set[str] = set()
@@ -459,6 +540,8 @@ class ECXConnector(ECConnectorBase):
     def has_pending_push_work(self) -> bool:
         if self._scheduler is None or self._closed:
             return False
+        if self._no_token_steps_reach_workers is False:
+            return False  # a step without tokens would do no connector work (see __init__)
         return self._scheduler.has_pending_push_work()
 
     # ---------------------------------------------------------------- worker side
@@ -594,15 +677,20 @@ class ECXConnector(ECConnectorBase):
                         del self._awaiting_source[mm_hash]
         if finished_req_ids:
             self._worker.get_finished(sorted(str(r) for r in finished_req_ids))
+        meta = self._bound_metadata()
+        ran_without_tokens = meta is not None and meta.no_tokens
+        if ran_without_tokens:
+            self._ran_without_tokens = True
         if self._worker_meta_seen:
             return None, None
         # No worker metadata seen (yet): this step's report goes in finished_recving.
         report = self._worker.build_worker_meta()
-        if report is None:
-            return None, None
-        pending = bool(report[3])
-        recving = report_to_finished_recving(report, pending_changed=pending != self._reported_pending)
-        self._reported_pending = pending
+        pending_changed = False
+        if report is not None:
+            pending = bool(report[3])
+            pending_changed = pending != self._reported_pending
+            self._reported_pending = pending
+        recving = report_to_finished_recving(report, pending_changed, ran_without_tokens)
         return None, (recving or None)
 
     def build_connector_worker_meta(self) -> ECXWorkerMetadata | None:

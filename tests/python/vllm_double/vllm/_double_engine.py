@@ -62,13 +62,21 @@ class VllmProfile:
     # An encoder-only step (a role that is not a consumer) returns an output without
     # the ECConnectorOutput it built (MRv1's make_empty_encoder_model_runner_output).
     encoder_output_dropped: bool = False
+    # An encoder-only instance runs the EC context on steps with no scheduled tokens
+    # (MRv1's encoder-only branch comes before its zero-token return; MRv2 at
+    # 6adad087 returns before any EC hook, in every role).
+    producer_ec_on_steps_without_tokens: bool = True
+    # A step that runs the language model returns the ECConnectorOutput it built
+    # (MRv2 at 6adad087 keeps it only on the encoder-only return).
+    consumer_output_returned: bool = True
 
 
 PROFILES = {
     p.name: p
     for p in (
         VllmProfile("6adad087-mrv1", False, False, True, False, True),
-        VllmProfile("6adad087-mrv2", False, False, True, False),
+        VllmProfile("6adad087-mrv2", False, False, True, False,
+                    producer_ec_on_steps_without_tokens=False, consumer_output_returned=False),
         VllmProfile("7cfb97e3-mrv1", False, False, False, False, True),
         VllmProfile("7cfb97e3-mrv2", True, True, False, False),
         VllmProfile("newer", True, True, False, True),
@@ -155,6 +163,7 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
     total_num_scheduled_tokens: int = 0
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens this step
     ec_connector_metadata: Any = None
     # The double's own: what each scheduled request gathers, (identifier, rows) per item.
     gathers: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -251,7 +260,12 @@ class WorkerDouble:
         for h in so.free_encoder_mm_hashes:
             self.encoder_cache.pop(h, None)
         gathered: dict[str, str | None] = {}
-        if c.is_consumer and so.total_num_scheduled_tokens == 0 and not self.profile.ec_on_steps_without_tokens:
+        no_tokens = so.total_num_scheduled_tokens == 0
+        if no_tokens and not (
+            self.profile.ec_on_steps_without_tokens
+            if c.is_consumer
+            else self.profile.producer_ec_on_steps_without_tokens
+        ):
             # MRv1 (and MRv2 before no_forward) returns before the EC context.
             return pickle.dumps(WorkerStepResult(ECConnectorOutput(), gathered))
         c.bind_connector_metadata(so.ec_connector_metadata)
@@ -285,6 +299,8 @@ class WorkerDouble:
             c.clear_connector_metadata()
         output = ECConnectorOutput(sending, recving, worker_meta)
         if not c.is_consumer and self.profile.encoder_output_dropped:
+            output = ECConnectorOutput()
+        if c.is_consumer and not no_tokens and not self.profile.consumer_output_returned:
             output = ECConnectorOutput()
         return pickle.dumps(WorkerStepResult(output, gathered))
 
@@ -402,7 +418,8 @@ class EngineDouble:
         # Entries evicted by this step's allocations: the workers drop them before they
         # load or encode anything this step.
         so.free_encoder_mm_hashes = self.cache.take_freed()
-        so.total_num_scheduled_tokens = sum(self.waiting[r].num_prompt_tokens for r in so.gathers)
+        so.num_scheduled_tokens = {r: self.waiting[r].num_prompt_tokens for r in so.gathers}
+        so.total_num_scheduled_tokens = sum(so.num_scheduled_tokens.values())
         self.evicted_and_reallocated += len(external_this_step.intersection(so.free_encoder_mm_hashes))
         so.ec_connector_metadata = c.build_connector_meta(so)
         # Crosses to the workers by pickle, like vLLM's executor does.
