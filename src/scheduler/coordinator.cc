@@ -424,8 +424,10 @@ bool SchedulerCoordinator::report_malformed(const RequestView& request) {
   if (!request.has_malformed_params()) return false;
   if (!notified_.contains(request.request_id) && !malformed_pending_.contains(request.request_id)) {
     ++stats_.malformed_requests;
-    logger()->warn("EC request {} carries malformed ec_transfer_params ({}); failing it with a retryable error",
-                   shorten(request.request_id), request.ec_transfer_params_error);
+    logger()->warn(
+        "EC request {} carries malformed ec_transfer_params ({}); failing it with a retryable error where vLLM polls "
+        "take_unavailable_requests, else its items are encoded locally",
+        shorten(request.request_id), request.ec_transfer_params_error);
     mark_request_unavailable(request.request_id);
   }
   return true;
