@@ -194,3 +194,15 @@ def pd_main(port: int, inbox, outbox, profile: str = "newer") -> None:
         }
 
     _serve(engine, inbox, outbox, on_stop)
+
+
+def run_until_done(engine, count: int, deadline_s: float) -> dict:
+    """Steps a vLLM-double engine until `count` requests finished or `deadline_s`
+    passed (a hung engine fails its test instead of hanging CI); finished by id."""
+    done = {}
+    deadline = time.monotonic() + deadline_s
+    while len(done) < count and time.monotonic() < deadline:
+        engine.step()
+        for f in engine.take_finished():
+            done[f.request_id] = f
+    return done

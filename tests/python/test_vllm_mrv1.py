@@ -4,7 +4,6 @@ instance share one process here (two independent connectors each, real sockets).
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import epd_cluster
@@ -43,12 +42,7 @@ def test_pushes_flow_without_start_save_caches():
         for rid, items, tids in requests:
             ec_items = [{"mm_hash": item["identifier"], "transfer_id": tid} for item, tid in zip(items, tids)]
             pd.add_request(make_request(rid, items, {"ec_items": ec_items}))
-        done = {}
-        deadline = time.monotonic() + 30
-        while len(done) < len(requests) and time.monotonic() < deadline:
-            pd.step()
-            for f in pd.take_finished():
-                done[f.request_id] = f
+        done = epd_cluster.run_until_done(pd, len(requests), 30)
         assert len(done) == len(requests)
         bad = [(f.request_id, f.status, f.detail) for f in done.values() if f.status != "ok"]
         assert not bad, bad

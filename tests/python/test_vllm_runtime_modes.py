@@ -42,13 +42,7 @@ def _encoder(profile: str, **extra):
 
 
 def _run_until_done(engine, count: int) -> dict:
-    done = {}
-    deadline = time.monotonic() + STEP_DEADLINE_S
-    while len(done) < count and time.monotonic() < deadline:
-        engine.step()
-        for f in engine.take_finished():
-            done[f.request_id] = f
-    return done
+    return epd_cluster.run_until_done(engine, count, STEP_DEADLINE_S)
 
 
 @pytest.mark.parametrize("build", BUILDS)
