@@ -1,34 +1,28 @@
 #include "ecx/consumer/reservation_types.h"
 
-#include <array>
 
 #include <fmt/format.h>
+
+#include "ecx/core/transition_table.h"
 
 namespace ecx::consumer {
 
 namespace {
 
 using S = ReservationState;
-constexpr std::size_t index(S s) { return static_cast<std::size_t>(s); }
 
-// kTransitions[from][to]. Failing a transfer is allowed from every active state, so
-// an unexpected event can always fail just that transfer.
-constexpr auto make_table() {
-  std::array<std::array<bool, kReservationStateCount>, kReservationStateCount> t{};
-  auto allow = [&t](S from, std::initializer_list<S> tos) {
-    for (S to : tos) t[index(from)][index(to)] = true;
-  };
-  allow(S::writing, {S::landing, S::ready, S::cancel_pending, S::expire_pending, S::cancelled, S::expired, S::failed});
-  allow(S::landing, {S::ready, S::cancel_pending, S::expire_pending, S::failed});
-  allow(S::ready, {S::cancelled, S::expired, S::failed});
-  allow(S::cancel_pending, {S::cancelled, S::failed});
-  allow(S::expire_pending, {S::cancel_pending, S::cancelled, S::expired, S::failed});
-  // A cancel turns an expiry tombstone into a cancel tombstone, so a late reserve of
-  // a transfer the consumer gave up on is refused instead of starting over.
-  allow(S::expired, {S::cancelled});
-  return t;
-}
-constexpr auto kTransitions = make_table();
+// Failing a transfer is allowed from every active state, so an unexpected event can
+// always fail just that transfer.
+constexpr TransitionTable<S, kReservationStateCount> kTransitions{
+    {S::writing, {S::landing, S::ready, S::cancel_pending, S::expire_pending, S::cancelled, S::expired, S::failed}},
+    {S::landing, {S::ready, S::cancel_pending, S::expire_pending, S::failed}},
+    {S::ready, {S::cancelled, S::expired, S::failed}},
+    {S::cancel_pending, {S::cancelled, S::failed}},
+    {S::expire_pending, {S::cancel_pending, S::cancelled, S::expired, S::failed}},
+    // A cancel turns an expiry tombstone into a cancel tombstone, so a late reserve of
+    // a transfer the consumer gave up on is refused instead of starting over.
+    {S::expired, {S::cancelled}},
+};
 
 }  // namespace
 
@@ -59,8 +53,7 @@ bool is_terminal(ReservationState state) noexcept {
 }
 
 bool reservation_transition_allowed(ReservationState from, ReservationState to) noexcept {
-  if (index(from) >= kReservationStateCount || index(to) >= kReservationStateCount) return false;
-  return kTransitions[index(from)][index(to)];
+  return kTransitions.allows(from, to);
 }
 
 std::string describe(const ReserveOutcome& result) {

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/logging.h"
+#include "ecx/core/transition_table.h"
 
 namespace ecx::producer {
 
@@ -20,21 +21,26 @@ using Sh = ShardState;
 
 namespace {
 
-constexpr std::size_t index(P s) { return static_cast<std::size_t>(s); }
+// waiting_inputs -> done/cancelled when no shard needs a payload (all followers,
+// cached or cancelled by the consumer): nothing to wait for.
+constexpr TransitionTable<P, kPushStateCount> kTable{
+    {P::waiting_inputs, {P::writing, P::done, P::cancel_pending, P::cancelled, P::failed}},
+    {P::writing, {P::done, P::failed}},
+    {P::cancel_pending, {P::cancelled, P::failed}},
+};
 
-constexpr auto make_table() {
-  std::array<std::array<bool, kPushStateCount>, kPushStateCount> t{};
-  auto allow = [&t](P from, std::initializer_list<P> tos) {
-    for (P to : tos) t[index(from)][index(to)] = true;
-  };
-  // waiting_inputs -> done/cancelled when no shard needs a payload (all followers,
-  // cached or cancelled by the consumer): nothing to wait for.
-  allow(P::waiting_inputs, {P::writing, P::done, P::cancel_pending, P::cancelled, P::failed});
-  allow(P::writing, {P::done, P::failed});
-  allow(P::cancel_pending, {P::cancelled, P::failed});
-  return t;
-}
-constexpr auto kTable = make_table();
+// A shard's reserve, payload and cancel, as its replies drive it. A move to the state
+// a shard is already in is no transition (a reserve sent again, a second release).
+constexpr TransitionTable<Sh, kShardStateCount> kShardTable{
+    {Sh::reserving, {Sh::reserved, Sh::no_write, Sh::retry_wait, Sh::refused}},
+    {Sh::retry_wait, {Sh::reserving, Sh::released}},
+    {Sh::reserved, {Sh::refreshing, Sh::abandoning, Sh::sending}},
+    {Sh::no_write, {Sh::abandoning, Sh::released}},
+    {Sh::refreshing, {Sh::reserving, Sh::abandoning}},
+    {Sh::sending, {Sh::sent, Sh::reserved}},  // a failed payload leaves the reservation ours
+    {Sh::refused, {Sh::released}},
+    {Sh::abandoning, {Sh::released}},
+};
 
 }  // namespace
 
@@ -59,8 +65,11 @@ std::string_view push_state_name(PushState state) noexcept {
 bool is_terminal(PushState state) noexcept { return state == P::done || state == P::cancelled || state == P::failed; }
 
 bool push_transition_allowed(PushState from, PushState to) noexcept {
-  if (index(from) >= kPushStateCount || index(to) >= kPushStateCount) return false;
-  return kTable[index(from)][index(to)];
+  return kTable.allows(from, to);
+}
+
+bool shard_transition_allowed(ShardState from, ShardState to) noexcept {
+  return from == to || kShardTable.allows(from, to);
 }
 
 std::string_view shard_state_name(ShardState state) noexcept {
@@ -178,6 +187,8 @@ class PushCore {
     return &p->shards[static_cast<std::size_t>(shard)];
   }
   bool transition(Push& p, P to);
+  // Every change of a shard's state goes through here; an invalid one fails the push.
+  bool move(Push& p, Shard& s, Sh to);
   void step(Push& p, Actions& out);
   void fail(Push& p, std::string reason, Actions& out);
   void finish(Push& p, P to, Actions& out);
@@ -224,10 +235,24 @@ bool PushCore::transition(Push& p, P to) {
   return false;
 }
 
+bool PushCore::move(Push& p, Shard& s, Sh to) {
+  if (shard_transition_allowed(s.state, to)) {
+    s.state = to;
+    return true;
+  }
+  ++counters_.invalid_transitions;
+  const auto shard = static_cast<std::size_t>(&s - p.shards.data());
+  log_->error("invalid shard transition {} -> {} for shard {} of transfer_id={} (mm_hash={}); failing that push",
+              shard_state_name(s.state), shard_state_name(to), shard, p.spec.transfer_id, p.spec.mm_hash);
+  if (p.error.empty()) p.error = "internal: invalid shard transition";
+  p.failing = true;  // step() fails the push once no I/O of it is left to report
+  return false;
+}
+
 void PushCore::send_reserve(Push& p, int shard, Actions& out) {
   Shard& s = p.shards[static_cast<std::size_t>(shard)];
   clear_retry(s);
-  s.state = Sh::reserving;
+  move(p, s, Sh::reserving);
   s.io = true;
   ++io_in_flight_;
   out.reserves.push_back(
@@ -236,7 +261,7 @@ void PushCore::send_reserve(Push& p, int shard, Actions& out) {
 
 void PushCore::send_abandon(Push& p, int shard, bool refresh, Actions& out) {
   Shard& s = p.shards[static_cast<std::size_t>(shard)];
-  s.state = refresh ? Sh::refreshing : Sh::abandoning;
+  move(p, s, refresh ? Sh::refreshing : Sh::abandoning);
   s.io = true;
   ++s.cancel_attempts;
   ++io_in_flight_;
@@ -275,7 +300,7 @@ void PushCore::abandon_held(Push& p, Actions& out) {
       s.cancel_attempts = 0;
       send_abandon(p, static_cast<int>(i), false, out);
     } else if (s.state != Sh::sent) {
-      s.state = Sh::released;
+      move(p, s, Sh::released);
     }
   }
 }
@@ -383,6 +408,10 @@ void PushCore::fail(Push& p, std::string reason, Actions& out) {
 // Re-evaluates a push after anything about it changed.
 void PushCore::step(Push& p, Actions& out) {
   if (p.state == P::waiting_inputs) {
+    if (p.failing) {  // an invalid shard transition
+      fail(p, p.error, out);
+      return;
+    }
     bool resolved = true;
     bool any_write = false;
     bool all_cancelled = true;
@@ -425,7 +454,7 @@ void PushCore::step(Push& p, Actions& out) {
         s.holds = false;
         continue;
       }
-      s.state = Sh::sending;
+      if (!move(p, s, Sh::sending)) continue;
       s.io = true;
       ++io_in_flight_;
       ++counters_.payloads_sent;
@@ -509,26 +538,26 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
     s->generation = r->generation;
     s->slot_offset = r->slot_offset;
     s->reserved_at = now();
-    s->state = r->write ? Sh::reserved : Sh::no_write;
+    move(*p, *s, r->write ? Sh::reserved : Sh::no_write);
   } else if (const auto* ready = std::get_if<reply::Ready>(&reply)) {
     s->holds = true;
     s->reservation_id = ready->reservation_id;
-    s->state = Sh::no_write;
+    move(*p, *s, Sh::no_write);
   } else if (std::holds_alternative<reply::Cancelled>(reply)) {
     s->consumer_cancelled = true;
-    s->state = Sh::no_write;
+    move(*p, *s, Sh::no_write);
   } else if (const auto* retry = std::get_if<reply::RetryAfter>(&reply)) {
     ++counters_.retry_afters;
     const TimePoint at = now() + retry_delay(retry->delay, s->retry_afters++);
     if (p->state == P::waiting_inputs && p->deadline && at < (*p->deadline)->first) {
-      s->state = Sh::retry_wait;
+      move(*p, *s, Sh::retry_wait);
       s->retry = retries_.emplace(at, retry_key(tid, shard));
       return out;
     }
-    s->state = Sh::refused;
+    move(*p, *s, Sh::refused);
     if (p->error.empty()) p->error = "the consumer's pool stayed full until the push deadline";
   } else {
-    s->state = Sh::refused;
+    move(*p, *s, Sh::refused);
     if (p->error.empty()) {
       p->error = fmt::format("shard {} refused the reservation: {}", shard,
                              std::get<reply::Refused>(reply).status.to_string());
@@ -543,7 +572,7 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
     s->cancel_attempts = 0;
     send_abandon(*p, shard, false, out);
   } else {
-    s->state = Sh::released;
+    move(*p, *s, Sh::released);
   }
   if (p->state == P::cancel_pending) settle_cancel(*p, out);
   return out;
@@ -592,11 +621,11 @@ Actions PushCore::on_payload_result(std::string_view tid, int shard, const Statu
   s->io = false;
   --io_in_flight_;
   if (result.is_ok()) {
-    s->state = Sh::sent;
+    move(*p, *s, Sh::sent);
     s->holds = false;  // the landed slot is the consumer's now
   } else {
     ++counters_.payloads_failed;
-    s->state = Sh::reserved;  // the reservation is still ours: abandon it
+    move(*p, *s, Sh::reserved);  // the reservation is still ours: abandon it
     if (p->error.empty()) p->error = fmt::format("payload to shard {} failed: {}", shard, result.to_string());
     p->failing = true;
   }
@@ -621,7 +650,7 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
       send_reserve(*p, shard, out);  // the fresh reservation replaces the old one
       return out;
     }
-    s->state = Sh::abandoning;  // the push ended meanwhile: the refresh was the abandon
+    move(*p, *s, Sh::abandoning);  // the push ended meanwhile: the refresh was the abandon
   }
   if (!result.is_ok() && s->cancel_attempts < options_.cancel_attempts) {
     send_abandon(*p, shard, false, out);
@@ -633,7 +662,7 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
                result.to_string());
   }
   s->holds = false;
-  s->state = Sh::released;
+  move(*p, *s, Sh::released);
   if (p->state == P::cancel_pending) settle_cancel(*p, out);
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include "ecx/core/logging.h"
 #include "ecx/core/stages.h"
+#include "ecx/core/transition_table.h"
 
 namespace ecx::scheduler {
 namespace {
@@ -78,28 +79,21 @@ std::string_view transfer_state_name(TransferState state) noexcept {
 
 bool is_terminal(TransferState state) noexcept { return idx(state) >= kLiveStateCount; }
 
-bool transition_allowed(TransferState from, TransferState to) noexcept {
-  using S = TransferState;
-  switch (from) {
-    case S::waiting_event:
-      return to == S::available || to == S::unavailable || to == S::cancelled;
-    case S::available:
-      return to == S::loading || to == S::expired || to == S::cancelled;
-    case S::loading:
-      return to == S::ready || to == S::failed || to == S::cancelled || to == S::unavailable;
-    case S::ready:
-      return to == S::resident || to == S::expired;
-    case S::resident:
-      return to == S::loading || to == S::expired;
-    case S::unavailable:
-    case S::expired:
-      return to == S::cancelled;
-    case S::failed:
-    case S::cancelled:
-      return false;
-  }
-  return false;
-}
+namespace {
+using TS = TransferState;
+constexpr TransitionTable<TS, kTransferStateCount> kTransitions{
+    {TS::waiting_event, {TS::available, TS::unavailable, TS::cancelled}},
+    {TS::available, {TS::loading, TS::expired, TS::cancelled}},
+    {TS::loading, {TS::ready, TS::failed, TS::cancelled, TS::unavailable}},
+    {TS::ready, {TS::resident, TS::expired}},
+    {TS::resident, {TS::loading, TS::expired}},
+    // Tombstones: only a cancel may still rename them; failed and cancelled are final.
+    {TS::unavailable, {TS::cancelled}},
+    {TS::expired, {TS::cancelled}},
+};
+}  // namespace
+
+bool transition_allowed(TransferState from, TransferState to) noexcept { return kTransitions.allows(from, to); }
 
 void TransferTable::HashIndex::set_key(std::string_view key) {
   key_size = static_cast<std::uint32_t>(key.size());

@@ -63,7 +63,9 @@ enum class ShardState : unsigned char {
   abandoning,  // abandon cancel in flight
   released,    // nothing held on the consumer for this push
 };
+inline constexpr std::size_t kShardStateCount = 10;
 std::string_view shard_state_name(ShardState state) noexcept;
+bool shard_transition_allowed(ShardState from, ShardState to) noexcept;
 
 // The consumer's answer to a reserve, as the control client reports it.
 namespace reply {

@@ -56,6 +56,28 @@ TEST(PushTransitions, TableIsExactlyTheDocumentedOne) {
   }
 }
 
+TEST(ShardTransitions, TableIsExactlyTheDocumentedOne) {
+  using S = ShardState;
+  const std::set<std::pair<S, S>> allowed = {
+      {S::reserving, S::reserved},   {S::reserving, S::no_write},  {S::reserving, S::retry_wait},
+      {S::reserving, S::refused},    {S::retry_wait, S::reserving}, {S::retry_wait, S::released},
+      {S::reserved, S::refreshing},  {S::reserved, S::abandoning},  {S::reserved, S::sending},
+      {S::no_write, S::abandoning},  {S::no_write, S::released},    {S::refreshing, S::reserving},
+      {S::refreshing, S::abandoning}, {S::sending, S::sent},        {S::sending, S::reserved},
+      {S::refused, S::released},     {S::abandoning, S::released},
+  };
+  for (std::size_t f = 0; f < kShardStateCount; ++f) {
+    for (std::size_t t = 0; t < kShardStateCount; ++t) {
+      const auto from = static_cast<S>(f);
+      const auto to = static_cast<S>(t);
+      // Staying put (a reserve sent again, a second release) is no transition.
+      EXPECT_EQ(shard_transition_allowed(from, to), from == to || allowed.contains({from, to}))
+          << shard_state_name(from) << " -> " << shard_state_name(to);
+    }
+  }
+  EXPECT_FALSE(shard_transition_allowed(S::sent, S::sending));  // a delivered payload is final
+}
+
 TEST(Push, ReservesOnEveryShardAtOnce) {
   Fixture f;
   auto a = f.start(push("t"), 3);
@@ -586,6 +608,8 @@ TEST(PushModel, RandomWorldsSettleWithoutLeaks) {
     }
     EXPECT_FALSE(f.m.pending());
     EXPECT_EQ(f.m.counters().sources_held, 0u);
+    // Every shard move the random world drove is one the shard table allows.
+    EXPECT_EQ(f.m.counters().invalid_transitions, 0u);
     // Every writer reservation the consumer granted was written or abandoned.
     for (const auto& [tid, shard] : held) ADD_FAILURE() << tid << " left its reservation on shard " << shard;
   }
