@@ -28,6 +28,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "data_link.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
 #include "ecx/core/logging.h"
@@ -50,7 +51,7 @@ struct E2eOptions {
   std::uint64_t latency_count = 0;  // items per latency phase (0: automatic)
   int window = 32;                  // pushes in flight in the throughput phase
   int tp = 1;
-  std::string transport = "tcp";
+  DataLink transport = DataLink::tcp;
   std::string pool_size = "1GiB";
   bool checksum = false;
   bool baseline = true;
@@ -377,10 +378,10 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
   const auto file = std::filesystem::temp_directory_path() /
                     fmt::format("ecx-e2e-transport-{}-{}-{}.json", ::getpid(), phase.size, phase.window);
   const std::uint64_t count = std::max<std::uint64_t>(phase.items, 20);
-  auto child = sim::ChildProcess::spawn({sim::self_executable(), "bench", "transport", "--transport", o.transport,
-                                         "--size", std::to_string(phase.size), "--window",
-                                         std::to_string(std::min(phase.window, 64)), "--count", std::to_string(count),
-                                         "--repeat", "1", "--no-perftest", "--json", file.string()});
+  auto child = sim::ChildProcess::spawn(
+      {sim::self_executable(), "bench", "transport", "--transport", std::string(data_link_name(o.transport)), "--size",
+       std::to_string(phase.size), "--window", std::to_string(std::min(phase.window, 64)), "--count",
+       std::to_string(count), "--repeat", "1", "--no-perftest", "--json", file.string()});
   if (!child) return child.status();
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(static_cast<int>(o.phase_timeout_s));
   while (!child->eof() && std::chrono::steady_clock::now() < give_up) {
@@ -425,7 +426,8 @@ int run_all(const E2eOptions& o) {
   std::cout << fmt::format(
       "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, sizes {}; "
       "load average {} on {} CPUs\n",
-      o.tp, o.transport, o.checksum ? "on" : "off", o.sizes_text, load, std::thread::hardware_concurrency());
+      o.tp, data_link_name(o.transport), o.checksum ? "on" : "off", o.sizes_text, load,
+      std::thread::hardware_concurrency());
   auto role_args = [&](const std::string& role, const std::string& flag) {
     std::vector<std::string> argv = {sim::self_executable(),
                                      "bench",
@@ -449,7 +451,7 @@ int run_all(const E2eOptions& o) {
     if (o.latency_count) argv.insert(argv.end(), {"--latency-count", std::to_string(o.latency_count)});
     return argv;
   };
-  const std::vector<std::string> env = {"UCX_TLS=" + std::string(o.transport == "shm" ? "sm,self" : "tcp")};
+  const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
   auto consumer = sim::ChildProcess::spawn(role_args("consumer", "--listen"), env);
   if (!consumer) {
     std::cerr << "ecx bench e2e: " << consumer.status().message() << "\n";
@@ -563,9 +565,7 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
-  cmd->add_option("--transport", o->transport, "UCX transport with --role all (tcp or shm)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"tcp", "shm"}));
+  add_data_link_option(cmd, o->transport, "UCX transport with --role all (tcp or shm)", /*ucx_only=*/true);
   cmd->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
       ->capture_default_str();
   cmd->add_flag("--checksum,!--no-checksum", o->checksum, "verify xxHash64 checksums on landing")

@@ -36,6 +36,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "data_link.h"
 #include "ecx/core/config.h"
 #include "ecx/core/logging.h"
 #include "ecx/pool/offset_allocator.h"
@@ -50,7 +51,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
-  std::string transport = "tcp";
+  DataLink transport = DataLink::tcp;
   std::string size_text;                        // one size ("" and no --sizes: kDefaultSizes)
   std::string sizes_text;                       // comma list, or "sweep"
   std::string perftests = "am,tag,stream,put";  // ucx_perftest -t ucp_<name>_bw baselines
@@ -70,14 +71,11 @@ constexpr std::array<std::uint64_t, 4> kDefaultSizes = {64ULL << 10, 1ULL << 20,
 constexpr std::array<std::uint64_t, 9> kSweepSizes = {4ULL << 10, 16ULL << 10, 64ULL << 10, 256ULL << 10, 1ULL << 20,
                                                       4ULL << 20, 9ULL << 20,  16ULL << 20, 64ULL << 20};
 
-// UCX_TLS for each named transport, the same for ECX and ucx_perftest (self only
-// matters for a process talking to itself).
-std::string ucx_tls(const std::string& transport) { return transport == "shm" ? "sm,self" : "tcp"; }
-
-// The UCX transport of the ECX and ucx_perftest series: with --transport mooncake
-// they are the tcp baseline the Mooncake series is compared with.
-std::string ucx_transport(const BenchOptions& options) {
-  return options.transport == "mooncake" ? "tcp" : options.transport;
+// The UCX link of the ECX and ucx_perftest series: with --transport mooncake they
+// are the tcp baseline the Mooncake series is compared with. UCX_TLS is the same
+// for ECX and ucx_perftest (self only matters for a process talking to itself).
+DataLink ucx_link(const BenchOptions& options) {
+  return uses_ucx(options.transport) ? options.transport : DataLink::tcp;
 }
 
 std::uint64_t auto_count(std::uint64_t size) { return std::clamp<std::uint64_t>((2ULL << 30) / size, 20, 100'000); }
@@ -236,7 +234,7 @@ int run_mooncake_consumer(const BenchOptions& options) {
 
 // The consumer half: lands every payload in a slot of its registered pool.
 int run_consumer(const BenchOptions& options) {
-  if (options.transport == "mooncake") return run_mooncake_consumer(options);
+  if (!uses_ucx(options.transport)) return run_mooncake_consumer(options);
   const std::uint64_t slot = options.consumer_slot_bytes;
   const std::uint64_t alignment = 4096;
   // Eagerly sent payloads complete at the producer before they land, so more than
@@ -249,8 +247,8 @@ int run_consumer(const BenchOptions& options) {
   }
   pool::OffsetAllocator allocator(slab->size(), alignment);
   transport::UcxOptions ucx;
-  ucx.tls = ucx_tls(options.transport);
-  ucx.peer_error_handling = ucx_transport(options) == "tcp";  // UCX 1.13 shared memory cannot do it
+  ucx.tls = std::string(ucx_tls(options.transport));
+  ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   ucx.resolver = [&](std::span<const std::byte>, std::uint64_t bytes) -> Result<transport::Landing> {
     auto reserved = allocator.allocate(bytes);
@@ -351,10 +349,10 @@ class WindowedOps {
 };
 
 Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
-  Child consumer(
-      {self_executable(), "bench", "transport", "--consumer", "--transport", ucx_transport(options), "--mode",
-       options.mode, "--window", std::to_string(options.window), "--slot-bytes", std::to_string(size)},
-      {});
+  Child consumer({self_executable(), "bench", "transport", "--consumer", "--transport",
+                  std::string(data_link_name(ucx_link(options))), "--mode", options.mode, "--window",
+                  std::to_string(options.window), "--slot-bytes", std::to_string(size)},
+                 {});
   if (!consumer.started()) return internal_error("cannot start the consumer process");
   // UCX may print warnings on stdout before the address line: skip them.
   auto line = consumer.read_line(30s);
@@ -366,8 +364,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   if (!slab) return slab.status();
   std::memset(slab->data(), 0x3c, slab->size());
   transport::UcxOptions ucx;
-  ucx.tls = ucx_tls(options.transport);
-  ucx.peer_error_handling = ucx_transport(options) == "tcp";  // UCX 1.13 shared memory cannot do it
+  ucx.tls = std::string(ucx_tls(options.transport));
+  ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   auto created = transport::create_ucx_transport(ucx);
   if (!created) return created.status();
@@ -401,7 +399,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   }
   Series series;
   series.name = "ecx";
-  series.transport = ucx_transport(options);
+  series.transport = data_link_name(ucx_link(options));
   series.size = size;
   series.count = count;
   series.gbps = static_cast<double>(size * count) / seconds / 1e9;
@@ -510,7 +508,7 @@ Result<Series> run_perftest(const BenchOptions& options, const std::string& prim
   if (!port) return port.status();
   const std::string seg = std::to_string(transport::UcxOptions{}.tcp_seg_size_bytes);
   const std::vector<std::pair<std::string, std::string>> env = {
-      {"UCX_TLS", ucx_tls(options.transport)}, {"UCX_TCP_RX_SEG_SIZE", seg}, {"UCX_TCP_TX_SEG_SIZE", seg}};
+      {"UCX_TLS", std::string(ucx_tls(options.transport))}, {"UCX_TCP_RX_SEG_SIZE", seg}, {"UCX_TCP_TX_SEG_SIZE", seg}};
   // Put over tcp is emulated by UCX at ~0.2 GB/s: fewer messages keep its run short.
   if (primitive == "put") count = std::max<std::uint64_t>(20, count / 8);
   const std::string iterations = std::to_string(count);
@@ -554,7 +552,7 @@ Result<Series> run_perftest(const BenchOptions& options, const std::string& prim
   }
   Series series;
   series.name = "ucx_perftest_" + primitive + "_bw";
-  series.transport = options.transport;
+  series.transport = data_link_name(options.transport);
   series.size = size;
   series.count = count;
   series.gbps = numbers[5] * 1024 * 1024 / 1e9;
@@ -612,11 +610,7 @@ Status plot_series(const std::string& png, const std::vector<Series>& all) {
 int run_bench(const BenchOptions& options) {
   log::set_level(spdlog::level::warn);
   if (options.consumer) return run_consumer(options);
-  const bool mooncake = options.transport == "mooncake";
-  if (options.transport != "tcp" && options.transport != "shm" && !mooncake) {
-    std::cerr << "ecx bench transport: --transport must be tcp, shm or mooncake\n";
-    return 2;
-  }
+  const bool mooncake = !uses_ucx(options.transport);
   if (mooncake) {
     if (auto available = transport::mooncake_library_available(); !available) {
       std::cerr << "ecx bench transport: " << available.message() << "\n";
@@ -658,8 +652,9 @@ int run_bench(const BenchOptions& options) {
   std::cout << fmt::format(
       "ecx bench transport: {} (UCX_TLS={}), mode {}, window {}, median of {} runs, UCX {}, load average {} on {} "
       "CPUs\n",
-      mooncake ? "mooncake (tcp) next to UCX tcp" : options.transport, ucx_tls(options.transport), options.mode,
-      options.window, options.repeat, transport::ucx_library_version(), load, std::thread::hardware_concurrency());
+      mooncake ? std::string("mooncake (tcp) next to UCX tcp") : std::string(data_link_name(options.transport)),
+      ucx_tls(options.transport), options.mode, options.window, options.repeat, transport::ucx_library_version(), load,
+      std::thread::hardware_concurrency());
   std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
                            "ratio");
   std::vector<Series> all;
@@ -720,7 +715,7 @@ int run_bench(const BenchOptions& options) {
     for (const auto& p : perftests) {
       if (!perftest || p.gbps > perftest->gbps) perftest = p;
     }
-    Series copy = run_memcpy(options.transport, size, count);
+    Series copy = run_memcpy(std::string(data_link_name(options.transport)), size, count);
     if (perftest) ecx.ratio_vs_perftest = ecx.gbps / perftest->gbps;
     if (mooncake) {
       Series written = pick_median(mooncake_runs);
@@ -780,10 +775,9 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
   auto* cmd = bench_subcommand(app)->add_subcommand(
       "transport", "UCX data plane between two processes vs ucx_perftest (am, tag, stream, put) and memcpy");
   auto options = std::make_shared<BenchOptions>();
-  cmd->add_option("--transport", options->transport,
-                  "tcp or shm (shared memory), or mooncake (Mooncake over tcp, next to UCX tcp; library from "
-                  "ECX_MOONCAKE_LIB)")
-      ->capture_default_str();
+  add_data_link_option(cmd, options->transport,
+                       "tcp or shm (shared memory), or mooncake (Mooncake over tcp, next to UCX tcp; library from "
+                       "ECX_MOONCAKE_LIB)");
   cmd->add_option("--size", options->size_text,
                   "one message size, e.g. 9MiB, 64K, 4096 (default: 64KiB,1MiB,4MiB,9MiB)");
   cmd->add_option("--sizes", options->sizes_text,

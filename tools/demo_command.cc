@@ -22,6 +22,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "data_link.h"
 #include "ecx/core/config.h"
 #include "ecx/core/logging.h"
 #include "sim/engine_sim.h"
@@ -44,7 +45,7 @@ struct DemoOptions {
   bool log_sizes = false;
   std::uint64_t item_bytes = 0;
   int tp = 2;
-  std::string transport = "tcp";
+  DataLink transport = DataLink::tcp;
   std::string ucx_mode = "am";
   std::string pool_size = "1GiB";
   std::uint64_t seed = 1;
@@ -69,15 +70,13 @@ struct DemoOptions {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop.store(true); }
 
-std::string ucx_tls(const std::string& transport) { return transport == "shm" ? "sm,self" : "tcp"; }
-
 Result<Config> demo_config(const DemoOptions& o, Role role) {
   json extra{{"checksum", o.checksum},
              {"push_wait_timeout_s", 60},
              {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}};
-  if (o.transport == "mooncake") extra["transport"] = "mooncake";  // mooncake_lib: ECX_MOONCAKE_LIB
-  if (o.transport != "mooncake") extra["ucx_mode"] = o.ucx_mode;
+  extra["transport"] = config_transport(o.transport);  // Mooncake's library: ECX_MOONCAKE_LIB
+  if (uses_ucx(o.transport)) extra["ucx_mode"] = o.ucx_mode;
   // A soak judges growth: pool pages touched for the first time late in the run (a
   // best-fit allocator reaches the far end of a pool only now and then) are not one.
   if (o.duration_s > 0) extra["prefault"] = true;
@@ -397,16 +396,17 @@ int run_demo(const DemoOptions& options) {
                                      o.checksum ? "--checksum" : "--no-checksum"};
     if (o.log_sizes) argv.emplace_back("--log-sizes");
     if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
-    if (o.transport == "mooncake") argv.insert(argv.end(), {"--transport", "mooncake"});
+    argv.insert(argv.end(), {"--transport", std::string(data_link_name(o.transport))});
     argv.insert(argv.end(), {"--ucx-mode", o.ucx_mode});
     return argv;
   };
-  const std::vector<std::string> env = {"UCX_TLS=" + ucx_tls(o.transport)};
+  const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
   std::cout << fmt::format(
       "ecx demo: consumer (TP={}) and producer on 127.0.0.1 over {} | {} requests of {}-{} images, "
       "{}-{} tokens x {} bf16, {:.0f}% repeated | pools {} | checksums {}\n",
       o.tp,
-      o.transport == "mooncake" ? std::string("Mooncake tcp") : fmt::format("UCX {} ({})", o.transport, o.ucx_mode),
+      uses_ucx(o.transport) ? fmt::format("UCX {} ({})", data_link_name(o.transport), o.ucx_mode)
+                            : std::string("Mooncake tcp"),
       o.requests, o.min_images, o.max_images, o.min_tokens, o.max_tokens, o.hidden, o.repeat * 100, o.pool_size,
       o.checksum ? "on" : "off");
   auto consumer = sim::ChildProcess::spawn(common("consumer"), env);
@@ -515,8 +515,8 @@ int run_demo(const DemoOptions& options) {
                {"producer_failed_saves", producer_result ? producer_result->value("failed_saves", 0ULL) : 0ULL},
                {"producer_retry_afters", producer_result ? producer_result->value("retry_afters", 0ULL) : 0ULL},
                {"tp", o.tp},
-               {"transport", o.transport},
-               {"ucx_mode", o.transport == "mooncake" ? "" : o.ucx_mode},
+               {"transport", data_link_name(o.transport)},
+               {"ucx_mode", uses_ucx(o.transport) ? o.ucx_mode : ""},
                {"consumer_exit", consumer_exit.value_or(-1)},
                {"producer_exit", producer_exit.value_or(-1)}};
   const bool passed = summary["requests_failed"] == 0 && summary["requests_ready"] == total && total > 0 &&
@@ -622,9 +622,7 @@ void add_demo_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   demo->add_flag("--log-sizes", o->log_sizes, "draw token counts log-uniformly (many small images, few large)");
   demo->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
-  demo->add_option("--transport", o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"tcp", "shm", "mooncake"}));
+  add_data_link_option(demo, o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)");
   demo->add_option("--ucx-mode", o->ucx_mode, "UCX protocol (ucx_mode): am, or put (one-sided put + flush)")
       ->capture_default_str()
       ->check(CLI::IsMember({"am", "put"}));

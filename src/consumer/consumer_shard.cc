@@ -10,8 +10,7 @@
 #include "ecx/core/sanitizers.h"
 #include "ecx/core/stages.h"
 #include "ecx/pool/slab.h"
-#include "ecx/transport/mooncake_transport.h"
-#include "ecx/transport/ucx_transport.h"
+#include "ecx/transport/factory.h"
 #include "ecx/wire/payload_header.h"
 
 namespace ecx::consumer {
@@ -30,20 +29,6 @@ Result<pool::Slab> allocate_receive_pool(const Config& config) {
   // device memory); the worker's load copies them to the device.
   options.cuda_device = config.buffer_device.size() > 5 ? std::stoi(config.buffer_device.substr(5)) : 0;
   return pool::Slab::allocate(pool::MemoryKind::cuda_pinned, config.buffer_size, options);
-}
-
-// Mooncake writes one-sidedly: the shard only registers its pool and publishes
-// where it is (segment name + base address in the hello reply).
-Result<std::unique_ptr<transport::Transport>> create_mooncake_data_plane(const Config& config,
-                                                                         std::shared_ptr<const Clock> clock) {
-  transport::MooncakeOptions options;
-  options.library_path = config.mooncake_lib;
-  options.protocol = config.mooncake_protocol;
-  options.host = config.effective_data_ip();
-  options.clock = std::move(clock);
-  auto created = transport::create_mooncake_transport(std::move(options));
-  if (!created) return created.status();
-  return std::unique_ptr<transport::Transport>(std::move(*created));
 }
 
 wire::Event to_wire(const ReservationEvent& event) {
@@ -101,7 +86,7 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
   std::unique_ptr<transport::Transport> transport;
   transport::RegionHandle region;
   std::string data_address;
-  bool one_sided = false;  // producers write the pool themselves and `complete` (feature "put")
+  bool one_sided = false;  // producers write the pool themselves and `complete` (feature "one_sided")
   std::unique_ptr<control::ControlServer> server;
   std::atomic<control::ControlServer*> publisher{nullptr};
   std::atomic<std::uint64_t> headers_rejected{0};
@@ -173,15 +158,15 @@ class ShardHandler final : public control::ControlHandler {
 
   void describe(wire::HelloReply& reply) override {
     const auto& c = state_->config;
-    reply.data.transport = c.transport;
+    reply.data.transport = std::string(state_->transport->name());
     reply.data.address = state_->data_address;
     if (state_->one_sided) {
       reply.data.segment = state_->data_address;
       reply.data.base = reinterpret_cast<std::uint64_t>(state_->slab->data());
     }
-    // One-sided (the producer writes at the reserved offset, then `complete`s) only
-    // over Mooncake: UCX put still lands through a grant from the payload's header.
-    reply.features.emplace_back(state_->one_sided ? wire::kFeatureOneSided : wire::kFeatureActiveMessages);
+    // One-sided: the producer writes at the reserved offset, then `complete`s. UCX's
+    // put mode still lands through a grant the shard picks from the payload's header.
+    reply.features.emplace_back(state_->one_sided ? wire::kFeatureOneSided : wire::kFeatureReceiverLands);
     if (c.checksum) reply.features.emplace_back(wire::kFeatureChecksum);
     if (!c.auth_secret.empty()) reply.features.emplace_back(wire::kFeatureAuth);
     reply.pool_bytes = state_->slab->size();
@@ -247,7 +232,6 @@ class ShardHandler final : public control::ControlHandler {
 Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config, std::shared_ptr<const Clock> clock) {
   auto state = std::make_shared<State>();
   state->config = config;
-  state->one_sided = config.transport != "ucx";
   state->clock = clock ? std::move(clock) : SteadyClock::shared();
   const int rank = config.layout.tp_rank;
 
@@ -255,36 +239,25 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   if (!slab)
     return Status(slab.status().code(), fmt::format("shard {}: receive pool: {}", rank, slab.status().message()));
   state->slab.emplace(std::move(*slab));
-  state->reservations = std::make_shared<ReservationManager>(
-      ReservationOptions::from_config(config, state->slab->data(), state->slab->size()), state->clock);
-
-  auto options = transport::ucx_options_from_config(config, state->clock);
-  if (!options) return options.status();
-  transport::UcxOptions ucx = std::move(*options);
-  if (config.ucx_peer_errors) {
-    // Every producer then connects as an endpoint of ours with peer-failure handling:
-    // a producer's death fails the payloads it was still sending, and a payload stuck
-    // landing past the reservation TTL is cut off by closing its sender's connection
-    // (UCX never writes into a slot after that, so the slot can be freed). Shared
-    // memory is unavailable with peer errors on anyway, so a worker address would
-    // gain nothing here.
-    ucx.address_kind = transport::UcxAddressKind::socket;
-    ucx.landing_timeout = config.reservation_ttl();
-  }
   std::weak_ptr<State> weak = state;
-  ucx.resolver = [weak](std::span<const std::byte> header, std::uint64_t bytes) -> Result<transport::Landing> {
+  transport::ReceiverHooks hooks;
+  hooks.resolver = [weak](std::span<const std::byte> header, std::uint64_t bytes) -> Result<transport::Landing> {
     auto s = weak.lock();
     if (!s) return unavailable("shard is shutting down");
     return s->resolve(header, bytes);
   };
-  ucx.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, const Status& status) {
+  hooks.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, const Status& status) {
     if (auto s = weak.lock()) s->landed(header, status);
   };
-  auto created = config.transport == "mooncake" ? create_mooncake_data_plane(config, state->clock)
-                                                : transport::create_ucx_transport(std::move(ucx));
+  auto created =
+      transport::create_data_plane(config, state->clock, transport::DataPlaneRole::receiver, std::move(hooks));
   if (!created)
     return Status(created.status().code(), fmt::format("shard {}: data plane: {}", rank, created.status().message()));
   state->transport = std::move(*created);
+  state->one_sided = state->transport->capabilities().landing == transport::LandingChoice::sender;
+  auto reservation_options = ReservationOptions::from_config(config, state->slab->data(), state->slab->size());
+  reservation_options.mode = state->one_sided ? LandingMode::one_sided : LandingMode::receiver_chosen;
+  state->reservations = std::make_shared<ReservationManager>(std::move(reservation_options), state->clock);
   auto region =
       state->transport->register_region(state->slab->data(), state->slab->size(), transport::MemoryKind::host);
   if (!region) return region.status();
@@ -302,7 +275,7 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   state->publisher.store(state->server.get(), std::memory_order_release);
   state->log->info("consumer shard {} serving: control {}, events {}, data {} ({}), pool {}", rank,
                    state->server->control_endpoint(), state->server->event_endpoint(), state->data_address,
-                   config.transport == "ucx" ? config.ucx_mode : config.transport, format_bytes(state->slab->size()));
+                   transport::describe_data_plane(config), format_bytes(state->slab->size()));
   return std::unique_ptr<ConsumerShard>(new ConsumerShard(std::move(state)));  // NOLINT: private constructor
 }
 

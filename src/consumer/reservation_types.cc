@@ -1,6 +1,5 @@
 #include "ecx/consumer/reservation_types.h"
 
-
 #include <fmt/format.h>
 
 #include "ecx/core/transition_table.h"

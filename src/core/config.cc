@@ -581,9 +581,9 @@ std::string describe_config(const Config& c) {
   line("pool", fmt::format("{} ({} bytes) on {}, alignment {}", format_bytes(c.buffer_size), c.buffer_size,
                            c.buffer_device, c.pool_alignment));
   line("max tensor", format_bytes(c.effective_max_tensor_bytes()));
-  line("transport", c.transport == "ucx"
-                        ? fmt::format("ucx ({}) on {}", c.ucx_mode, c.effective_data_ip())
-                        : fmt::format("mooncake ({}) on {}", c.mooncake_protocol, c.effective_data_ip()));
+  // Both protocol keys: the transport factory reads the one its backend uses.
+  line("transport", fmt::format("{} on {} (ucx_mode {}, mooncake_protocol {})", c.transport, c.effective_data_ip(),
+                                c.ucx_mode, c.mooncake_protocol));
   line("timeouts",
        fmt::format("control {} s, push wait {} s, reservation ttl {} s, shutdown drain {} s", c.control_timeout_s,
                    c.push_wait_timeout_s, c.reservation_ttl_s, c.shutdown_drain_timeout_s));

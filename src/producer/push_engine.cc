@@ -12,17 +12,13 @@
 #include <variant>
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include "ecx/control/client.h"
 #include "ecx/core/logging.h"
 #include "ecx/core/stages.h"
-#include "ecx/pool/cuda_staging.h"
-#include "ecx/pool/offset_allocator.h"
-#include "ecx/pool/slab.h"
-#include "ecx/transport/mooncake_transport.h"
-#include "ecx/transport/ucx_transport.h"
+#include "ecx/transport/factory.h"
 #include "ecx/wire/payload_header.h"
+#include "staging_area.h"
 
 namespace ecx::producer {
 namespace {
@@ -107,19 +103,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   PushManager pushes;
   std::unique_ptr<control::ControlClient> client;
   std::unique_ptr<transport::Transport> transport;
-  transport::MooncakeTransport* one_sided = nullptr;  // = transport when it is Mooncake
-  std::optional<pool::Slab> staging;
+  bool one_sided = false;  // the data plane writes where the consumer's reserve said (sender-chosen landing)
+  std::unique_ptr<StagingArea> staging;  // encoder outputs until their pushes finish
   transport::RegionHandle staging_region;
-
-  // Staging allocator and sources: bind_source (engine thread) and the dispatcher.
-  mutable std::mutex staging_mutex;
-  std::optional<pool::OffsetAllocator> staging_allocator;
-  struct Source {
-    pool::Slot slot;
-    std::optional<std::uint64_t> checksum;
-  };
-  std::unordered_map<SourceId, Source> sources;
-  std::unique_ptr<pool::CudaStager> stager;
 
   // Dispatcher queue.
   mutable std::mutex inbox_mutex;
@@ -174,13 +160,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     if (failures.size() < 65'536) failures.push_back(std::move(failure));
   }
 
-  void release_source(SourceId id) {
-    std::lock_guard lock(staging_mutex);
-    auto it = sources.find(id);
-    if (it == sources.end()) return;
-    (void)staging_allocator->free(it->second.slot);
-    sources.erase(it);
-  }
+  void release_source(SourceId id) { staging->release(id); }
 
   // ---- dispatcher
 
@@ -440,10 +420,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       return;
     }
     std::optional<std::uint64_t> checksum;
-    {
-      std::lock_guard lock(staging_mutex);
-      if (auto s = sources.find(p.source); s != sources.end()) checksum = s->second.checksum;
-    }
+    if (auto source = staging->find(p.source)) checksum = source->checksum;
     std::weak_ptr<State> weak = weak_from_this();
     client->call_async(
         *address, wire::CompleteRequest{p.transfer_id, p.reservation_id, p.generation, checksum},
@@ -460,22 +437,30 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         });
   }
 
-  void write_one_sided(const PayloadCommand& p, const wire::DataPlane& data, const Source& source, Actions& more) {
-    if (data.transport != "mooncake" || data.segment.empty() || data.base == 0) {
-      more.append(pushes.on_payload_result(
-          p.transfer_id, p.shard,
-          invalid_argument(
-              fmt::format("the consumer shard's data plane is '{}', this producer's is mooncake", data.transport))));
-      return;
+  // Whether a consumer shard lands payloads the way this producer's data plane moves
+  // them: one-sided writes need a shard that publishes its segment and pool base.
+  Status landing_matches(const wire::HelloReply& hello) const {
+    const bool shard_one_sided =
+        std::find(hello.features.begin(), hello.features.end(), wire::kFeatureOneSided) != hello.features.end();
+    if (shard_one_sided == one_sided && (!one_sided || (!hello.data.segment.empty() && hello.data.base != 0))) {
+      return Status::ok();
     }
-    auto endpoint = one_sided->connect(data.segment);
+    return invalid_argument(
+        fmt::format("the consumer shard's data plane is '{}' ({} landing), this producer's is '{}' ({} landing)",
+                    hello.data.transport, shard_one_sided ? "sender-chosen" : "receiver-chosen", transport->name(),
+                    transport::landing_choice_name(transport->capabilities().landing)));
+  }
+
+  void write_one_sided(const PayloadCommand& p, const wire::DataPlane& data, const StagingArea::Source& source,
+                       Actions& more) {
+    auto endpoint = transport->connect(data.segment);
     if (!endpoint) {
       refresh_topology(p.consumer_address);
       more.append(pushes.on_payload_result(p.transfer_id, p.shard, endpoint.status()));
       return;
     }
     std::weak_ptr<State> weak = weak_from_this();
-    const auto status = one_sided->write(
+    const auto status = transport->write(
         *endpoint, staging_region, source.slot.offset, p.nbytes, data.base + p.slot_offset,
         clock->now() + config.push_wait_timeout(),
         [weak, p](Status result) {
@@ -558,25 +543,19 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, unavailable("consumer topology is not known")));
         continue;
       }
-      const auto& data = topology->shards[static_cast<std::size_t>(p.shard)].hello.data;
-      std::optional<Source> source;
-      {
-        std::lock_guard lock(staging_mutex);
-        if (auto it = sources.find(p.source); it != sources.end()) source = it->second;
-      }
+      const auto& hello = topology->shards[static_cast<std::size_t>(p.shard)].hello;
+      const auto& data = hello.data;
+      const std::optional<StagingArea::Source> source = staging->find(p.source);
       if (!source) {
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, internal_error("source is not staged")));
         continue;
       }
-      if (one_sided != nullptr) {
-        write_one_sided(p, data, *source, more);
+      if (auto matches = landing_matches(hello); !matches) {
+        more.append(pushes.on_payload_result(p.transfer_id, p.shard, std::move(matches)));
         continue;
       }
-      if (data.transport != "ucx") {
-        more.append(pushes.on_payload_result(
-            p.transfer_id, p.shard,
-            invalid_argument(
-                fmt::format("the consumer shard's data plane is '{}', this producer's is ucx", data.transport))));
+      if (one_sided) {
+        write_one_sided(p, data, *source, more);
         continue;
       }
       auto endpoint = transport->connect(data.address);
@@ -629,41 +608,16 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 
 Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std::shared_ptr<const Clock> clock) {
   auto state = std::make_shared<State>(config, clock ? std::move(clock) : SteadyClock::shared());
-  pool::SlabOptions slab_options;
-  slab_options.huge_pages = config.huge_pages;
-  slab_options.lock = config.mlock;
-  slab_options.prefault = config.prefault;
-  const auto kind = config.buffer_device == "cpu" ? pool::MemoryKind::host : pool::MemoryKind::cuda_pinned;
-  auto slab = pool::Slab::allocate(kind, config.buffer_size, slab_options);
-  if (!slab) return Status(slab.status().code(), "staging pool: " + slab.status().message());
-  state->staging.emplace(std::move(*slab));
-  state->staging_allocator.emplace(state->staging->size(), config.pool_alignment);
+  auto staging = StagingArea::create(config, state->clock);
+  if (!staging) return staging.status();
+  state->staging = std::move(*staging);
 
-  auto options = transport::ucx_options_from_config(config, state->clock);
-  if (!options) return options.status();
-  transport::UcxOptions ucx = std::move(*options);
-  // A producer never receives payloads.
-  ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {
-    return unavailable("a producer does not accept payloads");
-  };
-  ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, const Status&) {};
-  if (config.transport == "mooncake") {
-    transport::MooncakeOptions mooncake;
-    mooncake.library_path = config.mooncake_lib;
-    mooncake.protocol = config.mooncake_protocol;
-    mooncake.host = config.effective_data_ip();
-    mooncake.clock = state->clock;
-    auto created = transport::create_mooncake_transport(std::move(mooncake));
-    if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
-    state->one_sided = created->get();
-    state->transport = std::move(*created);
-  } else {
-    auto created = transport::create_ucx_transport(std::move(ucx));
-    if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
-    state->transport = std::move(*created);
-  }
-  auto region =
-      state->transport->register_region(state->staging->data(), state->staging->size(), transport::MemoryKind::host);
+  auto created = transport::create_data_plane(config, state->clock, transport::DataPlaneRole::sender);
+  if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
+  state->transport = std::move(*created);
+  state->one_sided = state->transport->capabilities().landing == transport::LandingChoice::sender;
+  auto region = state->transport->register_region(state->staging->base(), state->staging->capacity(),
+                                                  transport::MemoryKind::host);
   if (!region) return region.status();
   state->staging_region = *region;
 
@@ -674,9 +628,8 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   if (!client) return client.status();
   state->client = std::move(*client);
   state->dispatcher = std::thread([raw = state.get()] { raw->run(); });
-  state->log->info("producer ready: staging pool {} ({}), data plane {} ({})", format_bytes(state->staging->size()),
-                   pool::memory_kind_name(kind), config.transport,
-                   config.transport == "ucx" ? config.ucx_mode : config.mooncake_protocol);
+  state->log->info("producer ready: staging pool {} ({}), data plane {}", format_bytes(state->staging->capacity()),
+                   pool::memory_kind_name(state->staging->memory_kind()), transport::describe_data_plane(config));
   return std::unique_ptr<PushEngine>(new PushEngine(std::move(state)));  // NOLINT: private constructor
 }
 
@@ -701,55 +654,13 @@ void PushEngine::submit(const PushSpec& spec) {
 Status PushEngine::bind_source(std::string_view mm_hash, const void* data, std::uint64_t nbytes, SourceMemory memory) {
   auto& s = *state_;
   if (nbytes == 0) return invalid_argument("an encoder output of 0 bytes cannot be pushed");
-  pool::Slot slot;
-  {
-    std::lock_guard lock(s.staging_mutex);
-    auto allocated = s.staging_allocator->allocate(nbytes);
-    if (!allocated) {
-      s.count(&EngineCounters::staging_failures);
-      auto status =
-          Status(allocated.status().code(),
-                 fmt::format("staging pool ({} in use of {}): {}", format_bytes(s.staging_allocator->used_bytes()),
-                             format_bytes(s.staging->size()), allocated.status().message()));
-      s.log->warn("cannot stage mm_hash={}: {}", mm_hash, status.message());
-      return status;
-    }
-    slot = *allocated;
+  auto staged = s.staging->stage(data, nbytes, memory);
+  if (!staged) {
+    s.count(&EngineCounters::staging_failures);
+    s.log->warn("cannot stage mm_hash={}: {}", mm_hash, staged.status().message());
+    return staged.status();
   }
-  std::byte* destination = s.staging->at(slot);
-  const TimePoint copy_started = s.clock->now();
-  if (memory == SourceMemory::host) {
-    std::memcpy(destination, data, nbytes);
-  } else {
-    std::lock_guard lock(s.staging_mutex);
-    Status copied = Status::ok();
-    if (!s.stager) {
-      int device = s.config.buffer_device.size() > 5 ? std::stoi(s.config.buffer_device.substr(5)) : 0;
-      auto stager = pool::CudaStager::create(device);
-      if (stager)
-        s.stager = std::move(*stager);
-      else
-        copied = stager.status();
-    }
-    if (copied) {
-      auto copy = s.stager->copy_to_host(data, destination, nbytes);
-      copied = copy ? s.stager->wait(*copy, s.clock->now() + s.config.push_wait_timeout(), *s.clock) : copy.status();
-    }
-    if (!copied) {
-      (void)s.staging_allocator->free(slot);
-      s.count(&EngineCounters::staging_failures);
-      return copied;
-    }
-  }
-  std::optional<std::uint64_t> checksum;
-  // Always hashed (cheap next to the copy): any consumer with checksums on can verify.
-  checksum = XXH64(destination, nbytes, 0);
-  stages::record(stages::Stage::staging_copy, s.clock->now() - copy_started);
-  const SourceId id = slot.offset + 1;
-  {
-    std::lock_guard lock(s.staging_mutex);
-    s.sources[id] = State::Source{slot, checksum};
-  }
+  const SourceId id = *staged;
   s.count(&EngineCounters::sources_bound);
   s.count(&EngineCounters::bytes_staged, nbytes);
   if (!s.enqueue(BindCommand{std::string(mm_hash), id, nbytes})) {
@@ -799,9 +710,8 @@ EngineCounters PushEngine::counters() const {
     c = state_->engine_counters;
   }
   c.pushes = state_->pushes.counters();
-  std::lock_guard lock(state_->staging_mutex);
-  c.staging_used_bytes = state_->staging_allocator->used_bytes();
-  c.staging_capacity = state_->staging->size();
+  c.staging_used_bytes = state_->staging->used_bytes();
+  c.staging_capacity = state_->staging->capacity();
   return c;
 }
 
@@ -827,9 +737,8 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     counter("producer_abandons_total", "Abandon cancels sent", "", p.abandons_sent);
     sink.sample("producer_active_pushes", "Pushes not yet terminal", metrics::SampleType::gauge, {},
                 static_cast<double>(p.active));
-    std::lock_guard lock(s->staging_mutex);
     sink.sample("producer_staging_used_bytes", "Staging pool bytes held", metrics::SampleType::gauge, {},
-                static_cast<double>(s->staging_allocator->used_bytes()));
+                static_cast<double>(s->staging->used_bytes()));
   });
 }
 

@@ -56,20 +56,11 @@ struct MooncakeOptions {
 };
 
 // Runs once when the write settled: ok = every byte is in the remote memory.
-using WriteCallback = std::function<void(Status status)>;
-// Runs at most once, when the deadline passed and the write has not settled yet.
-using OverdueCallback = std::function<void()>;
-
 class MooncakeTransport : public Transport {
  public:
-  // The name peers connect() to ("host:port" of this engine's handshake listener).
-  virtual const std::string& segment_name() const noexcept = 0;
-
-  // Writes `length` bytes at `offset` of `region` to `remote_address` of the segment
-  // `endpoint` names. An error returned here means neither callback will run.
-  virtual Status write(EndpointHandle endpoint, RegionHandle region, std::uint64_t offset, std::uint64_t length,
-                       std::uint64_t remote_address, TimePoint deadline, WriteCallback on_done,
-                       OverdueCallback on_overdue = {}) = 0;
+  // One-sided: the sender writes (write()) into a region whose segment_name() and
+  // address the receiver published.
+  Capabilities capabilities() const noexcept override;
 
   // Refused: Mooncake cannot let the receiver choose where a payload lands.
   Status send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region, std::uint64_t offset,

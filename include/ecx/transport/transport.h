@@ -83,6 +83,26 @@ using SendCallback = std::function<void(Status status)>;
 // For an outgoing endpoint `peer` is the address it was connected to.
 using PeerFailureCallback = std::function<void(EndpointHandle endpoint, std::string_view peer, const Status& status)>;
 
+// What a backend can do; the layers above ask this instead of the backend's name.
+enum class LandingChoice : std::uint8_t {
+  receiver,  // send(): the receiver's resolver picks the destination from the payload's header
+  sender,    // write(): the sender writes to an address the receiver granted beforehand
+};
+
+struct Capabilities {
+  LandingChoice landing = LandingChoice::receiver;
+  // The bytes move without the receiving side's progress: it learns of a payload only
+  // when the sender says so on the control plane (`complete`).
+  bool one_sided = false;
+  bool device_memory = false;  // register_region accepts MemoryKind::cuda
+};
+std::string_view landing_choice_name(LandingChoice choice) noexcept;
+
+// One-sided writes (LandingChoice::sender): the write settled, or its deadline passed
+// while it was still in flight (a submitted write cannot be cancelled).
+using WriteCallback = std::function<void(Status status)>;
+using OverdueCallback = std::function<void()>;
+
 struct TransportStats {
   std::uint64_t sends_started = 0;
   std::uint64_t sends_ok = 0;
@@ -119,7 +139,20 @@ class Transport {
   virtual Status send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region,
                       std::uint64_t offset, std::uint64_t length, TimePoint deadline, SendCallback on_sent) = 0;
 
+  // LandingChoice::sender: writes `length` bytes at `offset` of `region` to
+  // `remote_address` of the segment `endpoint` names. An error returned here means
+  // neither callback will run. Backends whose receiver chooses refuse it.
+  virtual Status write(EndpointHandle endpoint, RegionHandle region, std::uint64_t offset, std::uint64_t length,
+                       std::uint64_t remote_address, TimePoint deadline, WriteCallback on_done,
+                       OverdueCallback on_overdue = {});
+  // LandingChoice::sender: the name peers connect() to in order to write into this
+  // side's regions; empty for a backend whose receiver chooses.
+  virtual std::string segment_name() const;
+
+  // The default: the receiver chooses, two-sided, host memory only.
+  virtual Capabilities capabilities() const noexcept;
   virtual TransportStats stats() const = 0;
+  // The backend's name: what the hello reply's data plane says, for peers to compare.
   virtual std::string_view name() const noexcept = 0;
 };
 

@@ -48,8 +48,10 @@ RejectReason parse_reject_reason(std::string_view name) noexcept;  // unknown na
 enum class FrameKind : char { request = 'Q', reply = 'R', event = 'E' };
 
 // Feature flags a shard may advertise in its hello reply.
-inline constexpr std::string_view kFeatureActiveMessages = "am";  // payloads via UCX active messages
-inline constexpr std::string_view kFeatureOneSided = "put";       // one-sided writes + `complete`
+// How payloads land: the shard picks each landing from the payload's header (UCX, in
+// either ucx_mode), or the producer writes at the reserved offset and `complete`s.
+inline constexpr std::string_view kFeatureReceiverLands = "receiver_lands";
+inline constexpr std::string_view kFeatureOneSided = "one_sided";
 inline constexpr std::string_view kFeatureChecksum = "checksum";  // xxHash64 verified on landing
 inline constexpr std::string_view kFeatureAuth = "auth";          // HMAC-authenticated frames
 

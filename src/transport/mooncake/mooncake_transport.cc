@@ -84,7 +84,7 @@ class MooncakeTransportImpl final : public MooncakeTransport {
   MooncakeTransportImpl(const MooncakeTransportImpl&) = delete;
   MooncakeTransportImpl& operator=(const MooncakeTransportImpl&) = delete;
 
-  const std::string& segment_name() const noexcept override { return segment_; }
+  std::string segment_name() const override { return segment_; }
 
   Result<RegionHandle> register_region(void* base, std::uint64_t size, MemoryKind kind) override {
     if (base == nullptr || size == 0) return invalid_argument("mooncake: cannot register an empty region");
@@ -286,6 +286,10 @@ class MooncakeTransportImpl final : public MooncakeTransport {
 
 }  // namespace
 
+Capabilities MooncakeTransport::capabilities() const noexcept {
+  return Capabilities{.landing = LandingChoice::sender, .one_sided = true, .device_memory = false};
+}
+
 Status MooncakeTransport::send(EndpointHandle, std::span<const std::byte>, RegionHandle, std::uint64_t, std::uint64_t,
                                TimePoint, SendCallback) {
   return invalid_argument(
@@ -305,10 +309,6 @@ Status mooncake_library_available(std::string_view configured) {
   return mooncake::load_api(mooncake_library_path(configured)).status();
 }
 
-Result<std::string> parse_mooncake_protocol(std::string_view name) {
-  if (name == "tcp" || name == "rdma") return std::string(name);
-  return invalid_argument(fmt::format("mooncake_protocol '{}': use tcp or rdma", name));
-}
 
 Result<std::unique_ptr<MooncakeTransport>> create_mooncake_transport(MooncakeOptions options) {
   auto protocol = parse_mooncake_protocol(options.protocol);

@@ -27,7 +27,7 @@ class TestHandler : public ControlHandler {
     reply.data = wire::DataPlane{"ucx", std::string("\x01\x02\x03\x00", 4), "", 0};
     reply.pool_bytes = 1 << 30;
     reply.max_tensor_bytes = 64 << 20;
-    reply.features = {std::string(wire::kFeatureActiveMessages)};
+    reply.features = {std::string(wire::kFeatureReceiverLands)};
   }
 
   std::vector<wire::ReserveResult> reserve_batch(const RequestContext&,

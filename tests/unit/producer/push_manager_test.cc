@@ -59,12 +59,12 @@ TEST(PushTransitions, TableIsExactlyTheDocumentedOne) {
 TEST(ShardTransitions, TableIsExactlyTheDocumentedOne) {
   using S = ShardState;
   const std::set<std::pair<S, S>> allowed = {
-      {S::reserving, S::reserved},   {S::reserving, S::no_write},  {S::reserving, S::retry_wait},
-      {S::reserving, S::refused},    {S::retry_wait, S::reserving}, {S::retry_wait, S::released},
-      {S::reserved, S::refreshing},  {S::reserved, S::abandoning},  {S::reserved, S::sending},
-      {S::no_write, S::abandoning},  {S::no_write, S::released},    {S::refreshing, S::reserving},
-      {S::refreshing, S::abandoning}, {S::sending, S::sent},        {S::sending, S::reserved},
-      {S::refused, S::released},     {S::abandoning, S::released},
+      {S::reserving, S::reserved},    {S::reserving, S::no_write},   {S::reserving, S::retry_wait},
+      {S::reserving, S::refused},     {S::retry_wait, S::reserving}, {S::retry_wait, S::released},
+      {S::reserved, S::refreshing},   {S::reserved, S::abandoning},  {S::reserved, S::sending},
+      {S::no_write, S::abandoning},   {S::no_write, S::released},    {S::refreshing, S::reserving},
+      {S::refreshing, S::abandoning}, {S::sending, S::sent},         {S::sending, S::reserved},
+      {S::refused, S::released},      {S::abandoning, S::released},
   };
   for (std::size_t f = 0; f < kShardStateCount; ++f) {
     for (std::size_t t = 0; t < kShardStateCount; ++t) {

@@ -1,0 +1,96 @@
+#include "staging_area.h"
+
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "ecx/core/logging.h"
+#include "ecx/core/stages.h"
+
+namespace ecx::producer {
+
+Result<std::unique_ptr<StagingArea>> StagingArea::create(const Config& config, std::shared_ptr<const Clock> clock) {
+  pool::SlabOptions slab_options;
+  slab_options.huge_pages = config.huge_pages;
+  slab_options.lock = config.mlock;
+  slab_options.prefault = config.prefault;
+  const auto kind = config.buffer_device == "cpu" ? pool::MemoryKind::host : pool::MemoryKind::cuda_pinned;
+  auto slab = pool::Slab::allocate(kind, config.buffer_size, slab_options);
+  if (!slab) return Status(slab.status().code(), "staging pool: " + slab.status().message());
+  return std::unique_ptr<StagingArea>(  // NOLINT: private constructor
+      new StagingArea(config, std::move(clock), std::move(*slab), kind));
+}
+
+StagingArea::StagingArea(const Config& config, std::shared_ptr<const Clock> clock, pool::Slab slab,
+                         pool::MemoryKind kind)
+    : config_(config),
+      clock_(std::move(clock)),
+      slab_(std::move(slab)),
+      kind_(kind),
+      allocator_(slab_.size(), config.pool_alignment) {}
+
+Result<SourceId> StagingArea::stage(const void* data, std::uint64_t nbytes, SourceMemory memory) {
+  pool::Slot slot;
+  {
+    std::lock_guard lock(mutex_);
+    auto allocated = allocator_.allocate(nbytes);
+    if (!allocated) {
+      return Status(allocated.status().code(),
+                    fmt::format("staging pool ({} in use of {}): {}", format_bytes(allocator_.used_bytes()),
+                                format_bytes(slab_.size()), allocated.status().message()));
+    }
+    slot = *allocated;
+  }
+  std::byte* destination = slab_.at(slot);
+  const TimePoint copy_started = clock_->now();
+  if (memory == SourceMemory::host) {
+    std::memcpy(destination, data, nbytes);
+  } else if (Status copied = copy_from_device(data, destination, nbytes); !copied) {
+    std::lock_guard lock(mutex_);
+    (void)allocator_.free(slot);
+    return copied;
+  }
+  const std::uint64_t checksum = XXH64(destination, nbytes, 0);
+  stages::record(stages::Stage::staging_copy, clock_->now() - copy_started);
+  const SourceId id = slot.offset + 1;
+  std::lock_guard lock(mutex_);
+  sources_[id] = Source{slot, checksum};
+  return id;
+}
+
+Status StagingArea::copy_from_device(const void* data, std::byte* destination, std::uint64_t nbytes) {
+  std::lock_guard lock(mutex_);  // one stager, one stream: device copies go one at a time
+  if (!stager_) {
+    const int device = config_.buffer_device.size() > 5 ? std::stoi(config_.buffer_device.substr(5)) : 0;
+    auto stager = pool::CudaStager::create(device);
+    if (!stager) return stager.status();
+    stager_ = std::move(*stager);
+  }
+  auto copy = stager_->copy_to_host(data, destination, nbytes);
+  if (!copy) return copy.status();
+  return stager_->wait(*copy, clock_->now() + config_.push_wait_timeout(), *clock_);
+}
+
+std::optional<StagingArea::Source> StagingArea::find(SourceId id) const {
+  std::lock_guard lock(mutex_);
+  auto it = sources_.find(id);
+  if (it == sources_.end()) return std::nullopt;
+  return it->second;
+}
+
+void StagingArea::release(SourceId id) {
+  std::lock_guard lock(mutex_);
+  auto it = sources_.find(id);
+  if (it == sources_.end()) return;
+  (void)allocator_.free(it->second.slot);
+  sources_.erase(it);
+}
+
+std::uint64_t StagingArea::used_bytes() const {
+  std::lock_guard lock(mutex_);
+  return allocator_.used_bytes();
+}
+
+}  // namespace ecx::producer

@@ -1,0 +1,59 @@
+#pragma once
+// The producer's staging pool: encoder outputs are copied here (from host or device
+// memory) and hashed, and stay until every push that sends them has finished. One
+// mutex guards the allocator and the source table: bind_source runs on the engine's
+// thread, lookups and releases on the dispatcher.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+
+#include "ecx/core/clock.h"
+#include "ecx/core/config.h"
+#include "ecx/core/status.h"
+#include "ecx/pool/cuda_staging.h"
+#include "ecx/pool/offset_allocator.h"
+#include "ecx/pool/slab.h"
+#include "ecx/producer/push_engine.h"
+#include "ecx/producer/push_manager.h"
+
+namespace ecx::producer {
+
+class StagingArea {
+ public:
+  struct Source {
+    pool::Slot slot;
+    std::optional<std::uint64_t> checksum;  // xxHash64, always computed: any consumer with checksums on can verify
+  };
+
+  static Result<std::unique_ptr<StagingArea>> create(const Config& config, std::shared_ptr<const Clock> clock);
+
+  // Copies `nbytes` from `data` into a fresh slot and hashes it. resource_exhausted
+  // when the pool has no room (the message says how full it is).
+  Result<SourceId> stage(const void* data, std::uint64_t nbytes, SourceMemory memory);
+  std::optional<Source> find(SourceId id) const;
+  void release(SourceId id);
+
+  std::byte* base() noexcept { return slab_.data(); }
+  std::uint64_t capacity() const noexcept { return slab_.size(); }
+  std::uint64_t used_bytes() const;
+  pool::MemoryKind memory_kind() const noexcept { return kind_; }
+
+ private:
+  StagingArea(const Config& config, std::shared_ptr<const Clock> clock, pool::Slab slab, pool::MemoryKind kind);
+  Status copy_from_device(const void* data, std::byte* destination, std::uint64_t nbytes);
+
+  const Config config_;
+  std::shared_ptr<const Clock> clock_;
+  pool::Slab slab_;
+  pool::MemoryKind kind_;
+  mutable std::mutex mutex_;
+  pool::OffsetAllocator allocator_;
+  std::unordered_map<SourceId, Source> sources_;
+  std::unique_ptr<pool::CudaStager> stager_;  // created on the first device copy
+};
+
+}  // namespace ecx::producer
