@@ -1,0 +1,55 @@
+#pragma once
+// Mode `am`: one active message per payload, carrying the header. Small payloads go
+// eagerly and are copied into the landing; larger ones use rendezvous, so the
+// receiver resolves the landing first and UCX fetches the payload straight into it.
+
+#include <ucp/api/ucp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ecx/core/status.h"
+#include "ecx/transport/ucx_transport.h"
+#include "transport/ucx/common.h"
+#include "transport/ucx/endpoints.h"
+#include "transport/ucx/regions.h"
+#include "transport/ucx/transfers.h"
+#include "transport/ucx/worker.h"
+
+namespace ecx::transport::ucx {
+
+class AmProtocol final : public SendProtocol {
+ public:
+  AmProtocol(UcxWorker& worker, const UcxOptions& options, AtomicStats& stats, Regions& regions, Endpoints& endpoints,
+             Transfers& transfers)
+      : worker_(worker),
+        options_(options),
+        stats_(stats),
+        regions_(regions),
+        endpoints_(endpoints),
+        transfers_(transfers) {}
+
+  // Before the worker starts.
+  Status register_handlers();
+
+  void post(SendOp& op, Endpoint& endpoint, Region& region) override;
+  void request_done(SendOp& op) override;
+
+ private:
+  static ucs_status_t on_data_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                 std::size_t length, const ucp_am_recv_param_t* param);
+  ucs_status_t receive_data(std::span<const std::byte> header, void* data, std::uint64_t length, bool rendezvous,
+                            ucp_ep_h sender);
+  static void on_receive_done(void* request, ucs_status_t status, std::size_t length, void* user_data);
+  void complete_or_track(SendOp& op, void* request, std::string_view what);
+
+  UcxWorker& worker_;
+  const UcxOptions& options_;
+  AtomicStats& stats_;
+  Regions& regions_;
+  Endpoints& endpoints_;
+  Transfers& transfers_;
+};
+
+}  // namespace ecx::transport::ucx

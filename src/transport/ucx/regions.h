@@ -1,0 +1,56 @@
+#pragma once
+// Registered memory: the regions sends read from and landings should lie in, each
+// mapped with the worker's context (and, in put mode, with its packed rkey ready to
+// hand to a writer). Progress thread only.
+
+#include <ucp/api/ucp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "ecx/transport/transport.h"
+#include "ecx/transport/ucx_transport.h"
+#include "transport/ucx/common.h"
+#include "transport/ucx/worker.h"
+
+namespace ecx::transport::ucx {
+
+struct Region {
+  std::uint64_t id = 0;
+  std::byte* base = nullptr;
+  std::uint64_t size = 0;
+  MemoryKind kind = MemoryKind::host;
+  ucp_mem_h memh = nullptr;
+  std::vector<std::byte> packed_rkey;  // put mode only
+  std::uint64_t in_flight = 0;         // sends reading from it
+};
+
+class Regions {
+ public:
+  Regions(UcxWorker& worker, const UcxOptions& options, IdSource& ids)
+      : worker_(worker), options_(options), ids_(ids) {}
+
+  Result<RegionHandle> add(void* base, std::uint64_t size, MemoryKind kind);
+  // conflict while a send from the region is still in flight.
+  Status remove(RegionHandle handle);
+
+  Region* find(std::uint64_t id);
+  // The registered region holding [pointer, pointer + length), if any.
+  Region* holding(const std::byte* pointer, std::uint64_t length);
+
+  // Before the context goes.
+  void unmap_all();
+
+ private:
+  UcxWorker& worker_;
+  const UcxOptions& options_;
+  IdSource& ids_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Region>> regions_;
+  std::map<std::uintptr_t, std::uint64_t> regions_by_base_;
+};
+
+}  // namespace ecx::transport::ucx
