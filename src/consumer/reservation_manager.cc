@@ -16,10 +16,6 @@ ReservationOptions ReservationOptions::from_config(const Config& config, std::by
   o.slab_base = slab_base;
   o.slab_size = slab_size;
   o.alignment = config.pool_alignment;
-  // Only Mooncake lets the producer name the destination. UCX `put` still has the
-  // consumer grant each landing from the payload's header (request -> grant -> put ->
-  // done), exactly like `am`; only how the bytes move differs.
-  o.mode = config.transport == "ucx" ? LandingMode::receiver_chosen : LandingMode::one_sided;
   o.ttl = config.reservation_ttl();
   o.tombstone_max = config.tombstone_max;
   o.event_queue_max = config.event_queue_max;

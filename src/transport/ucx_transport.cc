@@ -52,6 +52,10 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   Status start() {
     ECX_RETURN_IF_ERROR(worker_.open(kMaxHeaderBytes + sizeof(ucx::PutRequest)));
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    device_memory_ = ucp_context_query(worker_.context(), &attr) == UCS_OK &&
+                     (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     ECX_RETURN_IF_ERROR(am_ ? am_->register_handlers() : put_->register_handlers());
     return worker_.start(*this);
   }
@@ -125,6 +129,14 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   std::string_view name() const noexcept override { return ucx::transport_name(options_.mode); }
 
+  // Receiver-chosen in both modes: put mode still lands through a grant the receiver
+  // picks from the payload's header. Device memory only where this UCX has CUDA.
+  Capabilities capabilities() const noexcept override {
+    Capabilities c;
+    c.device_memory = device_memory_;
+    return c;
+  }
+
  private:
   static UcxOptions with_clock(UcxOptions options) {
     if (!options.clock) options.clock = SteadyClock::shared();
@@ -191,6 +203,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   ucx::Transfers transfers_;
   std::unique_ptr<ucx::AmProtocol> am_;    // mode am
   std::unique_ptr<ucx::PutProtocol> put_;  // mode put
+  bool device_memory_ = false;             // set by start(), before any other thread sees this transport
 };
 
 }  // namespace

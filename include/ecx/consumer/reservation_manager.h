@@ -46,8 +46,8 @@ struct ReservationOptions {
 
   // From the config: ttl, tombstone_max, event_queue_max, retry_after_ms, checksum,
   // pool_alignment, max_tensor_bytes, resident_capacity_bytes, starvation_after (a
-  // quarter of push_wait_timeout_s, how long a producer keeps retrying); the mode from
-  // transport/ucx_mode (ucx+am = receiver_chosen, anything else = one_sided).
+  // quarter of push_wait_timeout_s, how long a producer keeps retrying). `mode` stays
+  // receiver_chosen: the shard sets it from its data plane's capabilities().
   static ReservationOptions from_config(const Config& config, std::byte* slab_base, std::uint64_t slab_size);
 };
 

@@ -50,7 +50,7 @@ TEST(MooncakeLibrary, PathComesFromConfigThenEnvironmentThenSearchPath) {
 }
 
 TEST(MooncakeLibrary, ProtocolIsTcpOrRdma) {
-  EXPECT_TRUE(parse_mooncake_protocol("tcp"));
+  EXPECT_TRUE(parse_mooncake_protocol("tcp"));  // also in transport_test, which needs no library
   EXPECT_TRUE(parse_mooncake_protocol("rdma"));
   auto bad = parse_mooncake_protocol("nvlink");
   ASSERT_FALSE(bad);
@@ -82,6 +82,9 @@ class MooncakePair : public ::testing::Test {
     auto segment = receiver_->listen("127.0.0.1", 0);
     ASSERT_TRUE(segment) << segment.status().to_string();
     EXPECT_EQ(*segment, receiver_->segment_name());
+    // One-sided: the sender names the destination, so the layers above write().
+    EXPECT_EQ(receiver_->capabilities().landing, LandingChoice::sender);
+    EXPECT_TRUE(receiver_->capabilities().one_sided);
     auto endpoint = sender_->connect(*segment);
     ASSERT_TRUE(endpoint) << endpoint.status().to_string();
     endpoint_ = *endpoint;

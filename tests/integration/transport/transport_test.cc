@@ -13,6 +13,8 @@
 #include "child_process.h"
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
+#include "ecx/transport/factory.h"
+#include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
 #include "peer_protocol.h"
 #include "transport/address.h"
@@ -400,6 +402,46 @@ TEST(Address, SplitsAndFormatsHostPort) {
   EXPECT_FALSE(detail::split_host_port("::1:80"));
   EXPECT_FALSE(detail::split_host_port("host:99999"));
   EXPECT_FALSE(detail::split_host_port("host"));
+}
+
+// The factory is the one reader of the data-plane keys: what it builds says what it
+// can do, and the layers above decide by that alone.
+TEST(DataPlaneFactory, UcxInBothModesLetsTheReceiverChooseTheLanding) {
+  for (const char* mode : {"am", "put"}) {
+    Config config;
+    config.ucx_mode = mode;
+    ReceiverHooks hooks;
+    hooks.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<Landing> {
+      return unavailable("not in this test");
+    };
+    hooks.on_landing = [](std::span<const std::byte>, const Landing&, const Status&) {};
+    auto receiver = create_data_plane(config, nullptr, DataPlaneRole::receiver, std::move(hooks));
+    ASSERT_TRUE(receiver) << receiver.status().to_string();
+    const Capabilities caps = (*receiver)->capabilities();
+    EXPECT_EQ(caps.landing, LandingChoice::receiver) << mode;
+    EXPECT_FALSE(caps.one_sided) << mode;
+    EXPECT_FALSE(caps.device_memory) << "Debian's UCX has no CUDA memory support";
+    EXPECT_EQ(describe_data_plane(config), fmt::format("ucx {}", mode));
+
+    auto sender = create_data_plane(config, nullptr, DataPlaneRole::sender);
+    ASSERT_TRUE(sender) << sender.status().to_string();
+    // A receiver-chosen backend refuses one-sided writes instead of guessing an address.
+    const Status write = (*sender)->write(EndpointHandle{1}, RegionHandle{1}, 0, 8, 0x1000, TimePoint{}, {}, {});
+    EXPECT_EQ(write.code(), StatusCode::invalid_argument);
+    EXPECT_TRUE((*sender)->segment_name().empty());
+  }
+}
+
+TEST(DataPlaneFactory, UnknownBackendOrMooncakeProtocolIsRefusedByName) {
+  Config config;
+  config.transport = "carrier-pigeon";
+  auto created = create_data_plane(config, nullptr, DataPlaneRole::sender);
+  ASSERT_FALSE(created);
+  EXPECT_NE(created.status().message().find("transport 'carrier-pigeon': expected ucx or mooncake"), std::string::npos)
+      << created.status().to_string();
+  EXPECT_TRUE(parse_mooncake_protocol("tcp"));
+  EXPECT_TRUE(parse_mooncake_protocol("rdma"));
+  EXPECT_FALSE(parse_mooncake_protocol("nvlink"));
 }
 
 }  // namespace

@@ -987,13 +987,11 @@ TEST(Config, OptionsFollowTheConfiguration) {
   EXPECT_EQ(o.tombstone_max, 7u);
   EXPECT_EQ(o.retry_after, std::chrono::milliseconds(9));
   EXPECT_TRUE(o.checksum);
-  // UCX put: the consumer still grants every landing from its header.
+  // The landing mode is not configuration: the shard takes it from its data plane's
+  // capabilities (tests/integration/transport: the factory's backends).
   EXPECT_EQ(o.mode, LandingMode::receiver_chosen);
-  c.ucx_mode = "am";
-  EXPECT_EQ(ReservationOptions::from_config(c, slab.data(), slab.size()).mode, LandingMode::receiver_chosen);
-  // Mooncake: the producer writes where the reservation said and then completes.
   c.transport = "mooncake";
-  EXPECT_EQ(ReservationOptions::from_config(c, slab.data(), slab.size()).mode, LandingMode::one_sided);
+  EXPECT_EQ(ReservationOptions::from_config(c, slab.data(), slab.size()).mode, LandingMode::receiver_chosen);
 }
 
 }  // namespace
