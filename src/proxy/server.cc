@@ -14,11 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "ecx/core/logging.h"
-#include "ecx/proxy/flow.h"
 #include "ecx/proxy/metrics.h"
 #include "ecx/proxy/proxy.h"
 #include "ecx/proxy/roster.h"
+#include "flow_json.h"
 #include "http.h"
+#include "roster_json.h"
 
 namespace ecx::proxy {
 
@@ -566,7 +567,7 @@ struct ProxyServer::Impl {
     }
     if (!admin_key_matches(req)) co_return co_await reply_error(res, 401, "admin", "missing or wrong X-API-Key");
     if (req.method == "GET") {
-      const json snapshot = roster.snapshot();
+      const json snapshot = snapshot_json(roster.snapshot());
       co_return co_await reply_json(res, 200, snapshot);
     }
     json body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);

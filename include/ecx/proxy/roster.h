@@ -6,6 +6,7 @@
 // success re-admits it, and an instance evicted for longer than `evicted_ttl` is
 // forgotten (static ones never are). Time comes from the injected clock. Thread-safe.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -15,8 +16,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "ecx/core/clock.h"
 #include "ecx/core/status.h"
@@ -37,13 +36,22 @@ struct InstanceSpec {
   bool is_static = false;      // from flags: never forgotten
 };
 
-// Parses an admin API body {role, url, ec_zmq_addrs?, dp_size?, dp_rank?}.
-Result<InstanceSpec> parse_instance_spec(const nlohmann::json& body);
-
 // Where an EC consumer's transfers go: its control address and the pinned DP rank.
 struct ConsumerTarget {
   std::string zmq_addr;        // empty when the instance advertises none
   std::optional<int> dp_rank;  // sent as X-data-parallel-rank when set
+};
+
+// Which instances of each role are live and which evicted, each list in URL order.
+// The admin API renders it as JSON (src/proxy/roster_json.h).
+struct RosterSnapshot {
+  struct Urls {
+    std::vector<std::string> live;
+    std::vector<std::string> evicted;
+  };
+  std::array<Urls, 3> by_role;  // indexed by InstanceRole
+  const Urls& of(InstanceRole role) const { return by_role[static_cast<std::size_t>(role)]; }
+  Urls& of(InstanceRole role) { return by_role[static_cast<std::size_t>(role)]; }
 };
 
 struct RosterSettings {
@@ -83,8 +91,8 @@ class Roster {
   // Forgets instances evicted for longer than evicted_ttl; returns their URLs.
   std::vector<std::string> forget_expired();
 
-  // {"encode": {"live": [...], "evicted": [...]}, "prefill": ..., "decode": ...}
-  nlohmann::json snapshot() const;
+  // Every registered URL by role, live or evicted, as of now.
+  RosterSnapshot snapshot() const;
   std::size_t evicted_count(InstanceRole role) const;
 
  private:

@@ -1,4 +1,4 @@
-#include "ecx/proxy/flow.h"
+#include "proxy/flow_json.h"
 
 #include <set>
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "proxy/roster_json.h"
+
 namespace ecx::proxy {
 namespace {
 
@@ -74,7 +76,7 @@ TEST_F(RosterTest, EvictsAfterThresholdReadmitsOnSuccessAndForgetsAfterTtl) {
   EXPECT_FALSE(roster.record_probe("http://a:1", false).evicted);
   EXPECT_TRUE(roster.record_probe("http://a:1", false).evicted);
   EXPECT_EQ(roster.pick(InstanceRole::encode), std::nullopt);
-  auto snapshot = roster.snapshot();
+  auto snapshot = snapshot_json(roster.snapshot());
   EXPECT_EQ(snapshot["encode"]["evicted"], json::array({"http://a:1"}));
   EXPECT_EQ(snapshot["encode"]["live"], json::array());
 
@@ -90,6 +92,24 @@ TEST_F(RosterTest, EvictsAfterThresholdReadmitsOnSuccessAndForgetsAfterTtl) {
   // A late probe result for a forgotten instance is ignored.
   EXPECT_FALSE(roster.record_probe("http://a:1", true).readmitted);
   EXPECT_EQ(roster.live_count(InstanceRole::encode), 0u);
+}
+
+TEST_F(RosterTest, SnapshotListsEachRolesLiveAndEvictedUrlsInUrlOrder) {
+  ASSERT_TRUE(roster.add(spec(InstanceRole::encode, "http://b:1")));
+  ASSERT_TRUE(roster.add(spec(InstanceRole::encode, "http://a:1")));
+  ASSERT_TRUE(roster.add(spec(InstanceRole::decode, "http://c:1")));
+  for (int i = 0; i < 3; ++i) roster.record_probe("http://c:1", false);
+  const RosterSnapshot snapshot = roster.snapshot();
+  EXPECT_EQ(snapshot.of(InstanceRole::encode).live, (std::vector<std::string>{"http://a:1", "http://b:1"}));
+  EXPECT_TRUE(snapshot.of(InstanceRole::encode).evicted.empty());
+  EXPECT_TRUE(snapshot.of(InstanceRole::prefill).live.empty());
+  EXPECT_TRUE(snapshot.of(InstanceRole::prefill).evicted.empty());
+  EXPECT_TRUE(snapshot.of(InstanceRole::decode).live.empty());
+  EXPECT_EQ(snapshot.of(InstanceRole::decode).evicted, std::vector<std::string>{"http://c:1"});
+  // The admin API's rendering: every role present, empty lists included.
+  EXPECT_EQ(snapshot_json(snapshot), json::parse(R"({"encode": {"live": ["http://a:1", "http://b:1"], "evicted": []},
+                                                     "prefill": {"live": [], "evicted": []},
+                                                     "decode": {"live": [], "evicted": ["http://c:1"]}})"));
 }
 
 TEST_F(RosterTest, StaticInstancesAreNeverForgotten) {
