@@ -100,7 +100,7 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
   gate_->finish(request);
   failures_->forget(request.request_id);
   FinishedResult result;
-  result.params = planner_->finish(request);
+  if (auto params = planner_->finish(request)) result.params = params->dump();
   return result;
 }
 
