@@ -185,8 +185,7 @@ void register_scheduler(py::module_& m) {
           "request_finished",
           [](PyScheduler& s, const RequestView& r) -> std::pair<bool, std::optional<std::string>> {
             auto result = s.impl().request_finished(r);
-            if (!result.params) return {result.delay_free, std::nullopt};
-            return {result.delay_free, result.params->dump()};
+            return {result.delay_free, std::move(result.params)};
           },
           "Returns (delay_free, params as JSON text or None).")
       .def("take_unavailable_requests", [](PyScheduler& s) { return s.impl().take_unavailable_requests(); })

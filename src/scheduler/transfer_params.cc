@@ -4,6 +4,7 @@
 
 #include "ecx/core/ids.h"
 #include "ecx/scheduler/types.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler {
 namespace {
@@ -87,15 +88,15 @@ std::optional<std::string_view> resolve_transfer_id(const EcTransferParams* para
   return std::nullopt;
 }
 
-void RequestView::set_ec_transfer_params(const nlohmann::json& value) {
-  ec_transfer_params.reset();
-  ec_transfer_params_error.clear();
+void set_ec_transfer_params(RequestView& request, const nlohmann::json& value) {
+  request.ec_transfer_params.reset();
+  request.ec_transfer_params_error.clear();
   if (value.is_null()) return;
   auto parsed = parse_ec_transfer_params(value);
   if (parsed)
-    ec_transfer_params = std::move(*parsed);
+    request.ec_transfer_params = std::move(*parsed);
   else
-    ec_transfer_params_error = parsed.status().message();
+    request.ec_transfer_params_error = parsed.status().message();
 }
 
 void RequestView::set_ec_transfer_params_text(std::string_view json_text) {
@@ -106,7 +107,7 @@ void RequestView::set_ec_transfer_params_text(std::string_view json_text) {
     ec_transfer_params_error = "ec_transfer_params is not valid JSON";
     return;
   }
-  set_ec_transfer_params(value);
+  set_ec_transfer_params(*this, value);
 }
 
 }  // namespace ecx::scheduler

@@ -14,6 +14,7 @@
 
 #include "ecx/core/ids.h"
 #include "ecx/scheduler/transfer_params.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace {
 

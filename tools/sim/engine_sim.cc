@@ -23,6 +23,7 @@
 #include "ecx/scheduler/coordinator.h"
 #include "ecx/worker/scheduler_links.h"
 #include "ecx/worker/worker_coordinator.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace ecx::sim {
 namespace {
@@ -294,7 +295,7 @@ struct ConsumerSim::State {
       if (auto found = doc.find("ec_transfer_params"); found != doc.end() && found->is_object()) {
         params["ec_items"] = found->value("ec_items", json::array());
       }
-      p.view.set_ec_transfer_params(params);
+      set_ec_transfer_params(p.view, params);
       ++result.progress.requests_admitted;
       order.push_back(p.view.request_id);
       pending.emplace(p.view.request_id, std::move(p));
@@ -676,7 +677,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       view.mm_features = features_of(r->items);
       json items = json::array();
       for (const auto& item : r->items) items.push_back({{"transfer_id", item.transfer_id}});
-      view.set_ec_transfer_params(json{{"consumer_zmq", o.consumer_address}, {"ec_items", items}});
+      set_ec_transfer_params(view, json{{"consumer_zmq", o.consumer_address}, {"ec_items", items}});
       (void)scheduler.ensure_cache_available(view, 0);
       for (std::size_t i = 0; i < r->items.size(); ++i) scheduler.update_state_after_alloc(view, i);
       views.push_back(std::move(view));
@@ -705,7 +706,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       const auto params = scheduler.request_finished(views[b]);
       json message{{"request_id", batch[b]->request_id}, {"items", json::array()}};
       for (const auto& item : batch[b]->items) message["items"].push_back(item_json(item));
-      if (params.params) message["ec_transfer_params"] = *params.params;
+      if (params.params) message["ec_transfer_params"] = json::parse(*params.params);
       const auto text = message.dump();
       admit.send(zmq::buffer(text), zmq::send_flags::none);
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);

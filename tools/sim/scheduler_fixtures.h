@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ecx/scheduler/coordinator.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::bench {
 
@@ -152,7 +153,7 @@ struct EnsureLoop {
       view.mm_features.push_back(feature);
       ec_items.push_back({{"transfer_id", fresh_transfer_id(0)}});
     }
-    view.set_ec_transfer_params(nlohmann::json{{"ec_items", ec_items}});
+    set_ec_transfer_params(view, nlohmann::json{{"ec_items", ec_items}});
     for (std::size_t r = 0; r < requests; ++r) step();  // every transfer now waits
   }
   bool step() {

@@ -6,17 +6,17 @@
 // thread, in vLLM's hook order; it never blocks on the network: readiness events
 // come from a non-blocking EventSource, and remote cancels run on an owned,
 // bounded executor whose outcome is polled on a later step.
+//
+// It composes two halves, each with its own state: the producer's PushPlanner and
+// the consumer's ConsumerGate (which owns the transfer table), and the requests both
+// fail through RequestFailures (src/scheduler/).
 
-#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <list>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "ecx/core/clock.h"
@@ -28,7 +28,9 @@
 
 namespace ecx::scheduler {
 
-class BoundedExecutor;
+class ConsumerGate;
+class PushPlanner;
+class RequestFailures;
 
 struct CoordinatorOptions {
   bool is_producer = false;
@@ -140,9 +142,10 @@ class SchedulerCoordinator {
   void close();
 
   // --- observation
-  const TransferTable& table() const noexcept { return table_; }
-  const CoordinatorStats& stats() const noexcept { return stats_; }
-  std::size_t pending_remote_cancels() const noexcept { return pending_cancels_.size(); }
+  const TransferTable& table() const noexcept;
+  // A snapshot of the halves' counters.
+  CoordinatorStats stats() const noexcept;
+  std::size_t pending_remote_cancels() const noexcept;
   const CoordinatorOptions& options() const noexcept { return options_; }
   // How much per-request and per-copy state the coordinator holds. Once every
   // request finished, every load was reported, the engine freed its entries and the
@@ -156,167 +159,14 @@ class SchedulerCoordinator {
     std::size_t malformed_pending = 0;
     std::size_t push_bindings = 0;
   };
-  Bookkeeping bookkeeping() const noexcept {
-    return Bookkeeping{copies_counted_on_.size(),     copy_counts_.size(), unowned_loads_.size(),
-                       substitute_for_lender_.size(), local_cache_.size(), malformed_pending_.size(),
-                       push_bindings_.size()};
-  }
+  Bookkeeping bookkeeping() const noexcept;
 
  private:
-  struct StringHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-  };
-  using StringSet = std::unordered_set<std::string, StringHash, std::equal_to<>>;
-  template <typename V>
-  using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
-  // Ids remembered up to a bound, the oldest forgotten first.
-  class RecentIds {
-   public:
-    // False when `id` is remembered already.
-    bool insert(const std::string& id, std::size_t bound) {
-      if (!ids_.insert(id).second) return false;
-      order_.push_back(id);
-      while (order_.size() > bound) {
-        ids_.erase(order_.front());
-        order_.pop_front();
-      }
-      return true;
-    }
-    bool contains(std::string_view id) const { return ids_.contains(id); }
-
-   private:
-    StringSet ids_;
-    std::deque<std::string> order_;
-  };
-
-  struct CancelTicket;
-  struct PendingShards {
-    std::string transfer_id;
-    std::vector<int> shards;
-    TensorSpec spec;
-  };
-  struct PushBinding {
-    std::string mm_hash;
-    std::string consumer_zmq;
-    std::size_t requests = 0;
-  };
-
-  void drain(TimePoint now);
-  void poll_pending_cancels();
-  void accept_event(const TransferEvent& event, TimePoint now);
-  bool note_shard_ready(const TransferEvent& event, TimePoint now);
-  void forget_shard_readiness(std::string_view transfer_id);
-  void queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash = {},
-                    std::string_view request_id = {});
-  void note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
-                          std::string_view request_id, TimePoint now);
-  void prepare_push(const RequestView& request, std::size_t index);
-  void load_at_alloc(const RequestView& request, std::size_t index);
-  // Unavailable channel absent: whether item `index`, waiting for `waiting_id`, is
-  // let through to be encoded locally because its push cannot arrive any more.
-  bool release_unreachable(const RequestView& request, std::size_t index, std::string_view waiting_id);
-  // Unavailable channel absent: whether a request with malformed params is let
-  // through to be encoded locally (every item carries its media).
-  bool release_malformed(const RequestView& request);
-  void warn_unresolved(const RequestView& request, std::size_t index, std::string_view where);
-  bool report_malformed(const RequestView& request);
-  void mark_request_unavailable(std::string_view request_id);
-  void note_borrow(const TransferRecord& used, std::string_view own_transfer_id, TimePoint now);
-  void count_on_copy(const std::string& request_id, const std::string& mm_hash);
-  void stop_counting_on_copy(const std::string& mm_hash);
-  void forget_substitute(std::string_view lender_id);
-  // The request that named `transfer_id` is done with it: cancel it, or settle the
-  // substitute roles it has.
-  void release_own_transfer(const std::string& transfer_id, TimePoint now, std::string_view mm_hash,
-                            std::string_view request_id);
-  // One side of a substitute finished: the second to finish cancels it.
-  void finish_substitute_side(std::string_view lender_id, bool lender, TimePoint now, std::string_view mm_hash);
-  Result<TensorSpec> output_spec(const MmFeature& feature) const;
-  static std::string fallback_id(const RequestView& request, std::size_t index);
-
+  // Declared first: the halves keep a reference to it.
   CoordinatorOptions options_;
-  std::shared_ptr<const Clock> clock_;
-  std::shared_ptr<EventSource> events_;
-  std::shared_ptr<ConsumerControl> control_;
-  std::unique_ptr<BoundedExecutor> executor_;
-  TransferTable table_;
-  CoordinatorStats stats_;
-  bool closed_ = false;
-
-  // Draining happens at most once per step boundary (re-armed by
-  // build_connector_meta) or after drain_min_interval.
-  bool drain_pending_ = true;
-  TimePoint drained_at_{};
-  std::vector<TransferEvent> event_buffer_;
-  std::vector<std::string> cancel_buffer_;
-
-  // Partial multi-shard readiness, oldest first, bounded.
-  std::list<PendingShards> pending_shards_;
-  StringMap<std::list<PendingShards>::iterator> pending_shards_index_;
-
-  std::vector<std::shared_ptr<CancelTicket>> pending_cancels_;
-
-  // Mirror of the engine's encoder cache (alloc adds, free_encoder_mm_hashes removes).
-  StringSet local_cache_;
-  // Copies in the workers' caches (loading or loaded) that a request counted on at
-  // its gate and has not allocated yet: it started the load, or found another
-  // request's. request id -> hashes, and hash -> how many requests count on it.
-  StringMap<std::vector<std::string>> copies_counted_on_;
-  StringMap<std::size_t> copy_counts_;
-  // Hashes the engine allocated since the last step boundary, with the request that
-  // allocated each: one the engine also evicted in this step must be loaded again,
-  // because the workers drop evicted entries before they load.
-  StringMap<std::string> allocated_this_step_;
-  std::vector<std::string> extra_freed_;
-  // Loads still in flight whose request finished without allocating them: freed
-  // once they complete, unless a request allocated them meanwhile.
-  StringSet unowned_loads_;
-  // A request served by another request's delivery of the same content (it loaded
-  // that transfer, or used the copy that transfer's load brought in) leaves its own
-  // transfer to that request as a substitute, in case the shared copy is gone before
-  // the lender runs: the lender's transfer id -> the borrower's, and back. The
-  // substitute is cancelled by whichever of the two requests finishes last, or used
-  // by the lender. Bounded in number, and forgotten after the reservation TTL (its
-  // reservation's lease has run out by then; a lender whose request never arrives
-  // would otherwise keep it until the bound).
-  struct Substitute {
-    std::string transfer_id;
-    TimePoint since;
-    bool lender_done = false;
-    bool borrower_done = false;
-  };
-  StringMap<Substitute> substitute_for_lender_;
-  StringMap<std::string> lender_of_substitute_;
-  std::deque<std::pair<TimePoint, std::string>> substitute_order_;  // (since, lender id), oldest first
-  void expire_substitutes(TimePoint now);
-  void forget_oldest_substitute();
-  // Transfers whose naming request is done with them (bounded, oldest forgotten): a
-  // request served by one of these owes nothing to a request that has finished.
-  RecentIds released_own_;
-
-  // Producer: planned pushes of this step, bindings planned so far, and which
-  // request planned which binding.
-  std::vector<PushSpec> pushes_;
-  StringMap<PushBinding> push_bindings_;
-  StringMap<std::vector<std::string>> bindings_by_request_;
-  std::vector<std::pair<std::string, StoreCandidate>> store_candidates_;  // (request id, candidate)
-
-  StringSet failed_saves_;
-  StringSet malformed_pending_;
-  // Requests already returned by take_unavailable_requests (bounded, oldest forgotten).
-  RecentIds notified_;
-
-  std::uint64_t unresolved_warnings_ = 0;
-  bool pending_saves_ = false;
-  // Hashes has_cache_item answered true for since the last step boundary: the
-  // engine allocates them as external loads.
-  StringSet claimed_this_step_;
-  // Hashes whose load the gate started (asynchronous loads), until reported.
-  StringSet gate_loads_;
-  // "<request id>\n<index>" of items released to local encoding (or reported
-  // stranded), so each is counted and logged once.
-  RecentIds fallen_back_;
+  std::unique_ptr<RequestFailures> failures_;
+  std::unique_ptr<ConsumerGate> gate_;
+  std::unique_ptr<PushPlanner> planner_;
 };
 
 }  // namespace ecx::scheduler

@@ -11,8 +11,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "ecx/core/status.h"
 
 namespace ecx::scheduler {
@@ -30,9 +28,9 @@ struct EcTransferParams {
   std::vector<EcItem> items;
 };
 
-// `value` must be a JSON object (callers map JSON null to "no params" themselves).
-Result<EcTransferParams> parse_ec_transfer_params(const nlohmann::json& value);
-// Same, from JSON text; a syntax error is a malformed value, not an exception.
+// From JSON text, which must hold an object; a syntax error is a malformed value,
+// not an exception. (Callers holding a parsed value use the private
+// scheduler/transfer_params_json.h.)
 Result<EcTransferParams> parse_ec_transfer_params_text(std::string_view json_text);
 
 // The transfer id of feature `index` whose engine identifier is `identifier`:

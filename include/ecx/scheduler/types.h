@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ecx/core/tensor_spec.h"
@@ -40,9 +41,9 @@ struct RequestView {
   std::optional<EcTransferParams> ec_transfer_params;
   std::string ec_transfer_params_error;
 
-  // Parses and stores the request's ec_transfer_params (JSON null = none). Never
-  // throws; a malformed value is recorded in ec_transfer_params_error.
-  void set_ec_transfer_params(const nlohmann::json& value);
+  // Parses and stores the request's ec_transfer_params from JSON text ("null" =
+  // none). Never throws; a malformed value is recorded in ec_transfer_params_error.
+  // (From a parsed JSON value: scheduler/transfer_params_json.h.)
   void set_ec_transfer_params_text(std::string_view json_text);
   bool has_malformed_params() const noexcept { return !ec_transfer_params_error.empty(); }
 };
@@ -109,10 +110,11 @@ struct WorkerOutput {
 // request_finished's answer: vLLM's (delay_free, ec_transfer_params).
 struct FinishedResult {
   bool delay_free = false;  // always false: nothing releases delayed EC frees later
-  // Producer only: {"<identifier>": {"transfer_id"?: ..., "item_indices": [...]},
-  // "ec_items": [{"mm_hash", "transfer_id"}, ...]}. The Python layer adds each
-  // identifier's placeholder "metadata". Empty when there is nothing to report.
-  std::optional<nlohmann::json> params;
+  // Producer only, as JSON text: {"<identifier>": {"transfer_id"?: ...,
+  // "item_indices": [...]}, "ec_items": [{"mm_hash", "transfer_id"}, ...]}. The
+  // Python layer adds each identifier's placeholder "metadata". Empty when there is
+  // nothing to report.
+  std::optional<std::string> params;
 };
 
 }  // namespace ecx::scheduler

@@ -18,6 +18,7 @@
 #include "ecx/scheduler/coordinator.h"
 #include "ecx/scheduler/transfer_params.h"
 #include "fake_collaborators.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::testing {
 
@@ -226,9 +227,9 @@ class CoordinatorModel {
       items.push_back(item);
     }
     if (pick(20) == 0)
-      r.view.set_ec_transfer_params(nlohmann::json{{"ec_items", 5}});  // malformed
+      set_ec_transfer_params(r.view, nlohmann::json{{"ec_items", 5}});  // malformed
     else
-      r.view.set_ec_transfer_params(nlohmann::json{{"ec_items", items}, {"consumer_zmq", "tcp://c:1"}});
+      set_ec_transfer_params(r.view, nlohmann::json{{"ec_items", items}, {"consumer_zmq", "tcp://c:1"}});
     const std::string id = r.view.request_id;
     live_.emplace(id, std::move(r));
     std::string hashes;

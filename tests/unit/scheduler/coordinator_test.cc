@@ -71,7 +71,7 @@ TEST(CoordinatorProducer, RequestFinishedReportsItemsWithTransferIds) {
   auto finished = h.coordinator.request_finished(r);
   EXPECT_FALSE(finished.delay_free);
   ASSERT_TRUE(finished.params);
-  const auto& p = *finished.params;
+  const auto p = nlohmann::json::parse(*finished.params);
   EXPECT_EQ(p["h0"]["transfer_id"], "t0");
   EXPECT_EQ(p["h0"]["item_indices"], nlohmann::json::array({0}));
   EXPECT_FALSE(p["h1"].contains("transfer_id"));  // unresolved: pushed under an invented name
@@ -306,7 +306,8 @@ TEST(CoordinatorConsumer, CloseJoinsTheExecutorAndClosesCollaboratorsOnce) {
 TEST(CoordinatorConsumer, RequestFinishedCancelsBindingsThatMatchNoFeature) {
   Harness h;
   RequestView r = request("r1", {"h0"}, {"t0"});
-  r.set_ec_transfer_params(
+  set_ec_transfer_params(
+      r,
       nlohmann::json::parse(R"({"ec_items": [{"transfer_id": "t0"}, {"mm_hash": "zz", "transfer_id": "t-extra"}]})"));
   h.coordinator.request_finished(r);
   EXPECT_EQ(state_of(h.coordinator, "t0"), S::cancelled);

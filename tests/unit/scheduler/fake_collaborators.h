@@ -14,6 +14,7 @@
 
 #include "ecx/scheduler/collaborators.h"
 #include "ecx/scheduler/coordinator.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::testing {
 
@@ -183,7 +184,7 @@ inline RequestView request(const std::string& request_id, const std::vector<std:
   }
   nlohmann::json params = {{"ec_items", items}};
   if (!consumer.empty()) params["consumer_zmq"] = consumer;
-  r.set_ec_transfer_params(params);
+  set_ec_transfer_params(r, params);
   return r;
 }
 

@@ -62,8 +62,9 @@ TEST(SchedulerLessons, Lesson08_UnresolvedTransferIdsAreMatchedByPositionAndWarn
     RequestView r;
     r.request_id = "r" + std::to_string(i);
     r.mm_features.push_back(testing::feature("engine-hash"));
-    r.set_ec_transfer_params(nlohmann::json::parse(
-        R"({"consumer_zmq": "tcp://c:1", "ec_items": [{"mm_hash": "media-uuid", "transfer_id": "t"}]})"));
+    set_ec_transfer_params(
+        r, nlohmann::json::parse(
+               R"({"consumer_zmq": "tcp://c:1", "ec_items": [{"mm_hash": "media-uuid", "transfer_id": "t"}]})"));
     h.coordinator.ensure_cache_available(r, 0);
   }
   EXPECT_EQ(h.coordinator.stats().unresolved_transfer_ids, 2010u);
@@ -99,8 +100,8 @@ TEST(SchedulerLessons, Lesson10_TheSameEncodingMayShareATransferIdButOtherConten
   EXPECT_EQ(p.coordinator.stats().push_conflicts, 1u);
   auto fa = p.coordinator.request_finished(a);
   auto fb = p.coordinator.request_finished(b);
-  EXPECT_EQ(fa.params->at("ec_items").size(), 1u);  // the shared binding is reported to both
-  EXPECT_EQ(fb.params->at("ec_items").size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(*fa.params).at("ec_items").size(), 1u);  // the shared binding is reported to both
+  EXPECT_EQ(nlohmann::json::parse(*fb.params).at("ec_items").size(), 1u);
 
   // Consumer: one sharer finishing does not cancel the transfer the other waits for.
   Harness c;

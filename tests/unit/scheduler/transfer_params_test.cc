@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "ecx/scheduler/types.h"
+#include "scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler {
 namespace {
@@ -70,10 +71,10 @@ TEST(TransferParams, ResolvesByPositionWhenMmHashIsAbsentOrEqualElseByHash) {
 
 TEST(TransferParams, RequestViewRecordsMalformedParamsInsteadOfThrowing) {
   RequestView r;
-  r.set_ec_transfer_params(json::parse(R"({"ec_items": "x"})"));
+  set_ec_transfer_params(r, json::parse(R"({"ec_items": "x"})"));
   EXPECT_TRUE(r.has_malformed_params());
   EXPECT_FALSE(r.ec_transfer_params);
-  r.set_ec_transfer_params(json(nullptr));
+  set_ec_transfer_params(r, json(nullptr));
   EXPECT_FALSE(r.has_malformed_params());
   EXPECT_FALSE(r.ec_transfer_params);
   r.set_ec_transfer_params_text(R"({"ec_items": [{"transfer_id": "t"}]})");

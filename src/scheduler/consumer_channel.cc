@@ -1,0 +1,274 @@
+#include "scheduler/consumer_channel.h"
+
+#include <algorithm>
+#include <exception>
+#include <iterator>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "ecx/core/ids.h"
+#include "scheduler/bounded_executor.h"
+
+namespace ecx::scheduler {
+namespace {
+
+// Collaborator calls may be adapters over code that throws; nothing may escape
+// an executor thread, so every call is converted into a value.
+template <typename F>
+auto call_safely(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return internal_error(std::string("control call threw: ") + e.what());
+  } catch (...) {
+    return internal_error("control call threw a non-standard exception");
+  }
+}
+
+using detail::shorten;
+std::shared_ptr<spdlog::logger> logger() { return detail::coordinator_logger(); }
+
+}  // namespace
+
+// Outcome of one remote cancel, written by an executor thread and read by the
+// scheduler thread once `done` is set.
+struct ConsumerChannel::CancelTicket {
+  explicit CancelTicket(std::string id) : transfer_id(std::move(id)) {}
+  const std::string transfer_id;
+  Status status;
+  bool cancelled = false;
+  std::size_t shards = 0;
+  std::atomic<bool> done{false};
+};
+
+ConsumerChannel::ConsumerChannel(const CoordinatorOptions& options, TransferTable& table,
+                                 std::shared_ptr<EventSource> events, std::shared_ptr<ConsumerControl> control)
+    : options_(options),
+      table_(table),
+      events_(std::move(events)),
+      control_(std::move(control)),
+      executor_(std::make_unique<BoundedExecutor>("ecx-scheduler-control", options_.control_threads,
+                                                  options_.control_queue_max)) {}
+
+ConsumerChannel::~ConsumerChannel() { close(); }
+
+void ConsumerChannel::close() {
+  if (closed_) return;
+  closed_ = true;
+  std::size_t running = 0;
+  for (const auto& t : pending_cancels_) running += t->done.load(std::memory_order_acquire) ? 0 : 1;
+  // Closing the control collaborator before the join ends the calls in flight at
+  // once (as cancelled): shutdown never waits out a control deadline on a shard
+  // that is gone or does not answer.
+  const std::size_t dropped = executor_->close([this] {
+    if (control_) control_->close();
+  });
+  std::size_t abandoned = 0;
+  std::erase_if(pending_cancels_, [&](const std::shared_ptr<CancelTicket>& t) {
+    if (!t->done.load(std::memory_order_acquire)) return true;  // its task was dropped: counted in `dropped`
+    if (t->status) {
+      ++stats_.cancels_succeeded;
+    } else {
+      ++abandoned;
+    }
+    return true;
+  });
+  stats_.cancels_dropped += dropped;
+  stats_.cancels_abandoned += abandoned;
+  if (dropped > 0 || abandoned > 0) {
+    logger()->warn(
+        "EC scheduler closing: {} queued reservation cancels were not sent and {} of {} in flight were abandoned; "
+        "the consumers' leases (reservation_ttl_s) expire them",
+        dropped, abandoned, running);
+  }
+  if (events_) events_->close();
+}
+
+// ---------------------------------------------------------------- draining
+
+void ConsumerChannel::drain(TimePoint now) {
+  if (!drain_pending_ && now - drained_at_ < options_.drain_min_interval) return;
+  drain_pending_ = false;
+  drained_at_ = now;
+  ++stats_.drains;
+  poll_pending_cancels();
+  // Events before deadlines: a readiness that reached the inbox while this engine was
+  // busy must not lose to a push-wait deadline that passed in the meantime.
+  if (events_ && !closed_) {
+    event_buffer_.clear();
+    events_->drain(event_buffer_, options_.max_events_per_drain);
+    for (const auto& event : event_buffer_) accept_event(event, now);
+  }
+  cancel_buffer_.clear();
+  table_.expire(now, cancel_buffer_);
+  for (const auto& id : cancel_buffer_) queue_cancel(id, now);
+}
+
+void ConsumerChannel::accept_event(const TransferEvent& event, TimePoint now) {
+  ++stats_.events_received;
+  Status valid = validate_transfer_id(event.transfer_id);
+  if (valid) valid = validate_mm_hash(event.mm_hash);
+  if (valid && event.kind == TransferEvent::Kind::ready && !event.spec)
+    valid = invalid_argument("ready without a spec");
+  if (!valid) {
+    // Events cross a socket: a malformed one costs that event, not the engine.
+    ++stats_.events_malformed;
+    logger()->warn("Discarding a malformed EC readiness event for transfer_id={}: {}", shorten(event.transfer_id),
+                   valid.message());
+    return;
+  }
+  switch (event.kind) {
+    case TransferEvent::Kind::abandoned:
+    case TransferEvent::Kind::failed: {
+      const bool failed = event.kind == TransferEvent::Kind::failed;
+      ++(failed ? stats_.failed_events : stats_.abandoned_events);
+      forget_shard_readiness(event.transfer_id);
+      if (table_.observe_abandoned(event.transfer_id, event.mm_hash, now)) {
+        logger()->warn("EC transfer_id={} (mm_hash={}) {} by consumer shard {}{}{}; requests needing it fail now",
+                       shorten(event.transfer_id), shorten(event.mm_hash), failed ? "failed" : "was abandoned",
+                       event.shard, event.reason.empty() ? "" : ": ", event.reason);
+      }
+      return;
+    }
+    case TransferEvent::Kind::ready:
+      break;
+  }
+  if (const TransferRecord* r = table_.find(event.transfer_id); r && is_terminal(r->state())) {
+    ++stats_.ready_ignored;  // cancelled is terminal even if readiness was already queued
+    return;
+  }
+  if (!note_shard_ready(event, now)) return;
+  if (table_.observe_ready(LoadSpec{event.mm_hash, event.transfer_id, *event.spec, false}, now)) {
+    ++stats_.ready_accepted;
+  } else {
+    ++stats_.ready_ignored;
+  }
+}
+
+bool ConsumerChannel::note_shard_ready(const TransferEvent& event, TimePoint now) {
+  const int shard_count = events_ ? events_->shard_count() : 1;
+  if (shard_count <= 1) return true;
+  if (const TransferRecord* r = table_.find(event.transfer_id); r && r->state() != TransferState::waiting_event) {
+    ++stats_.ready_ignored;
+    return false;
+  }
+  if (event.shard < 0) {
+    // Untagged readiness cannot be told apart from a repeat of another shard's.
+    ++stats_.events_malformed;
+    logger()->warn("Discarding an untagged EC readiness event for transfer_id={} from a {}-shard consumer",
+                   shorten(event.transfer_id), shard_count);
+    return false;
+  }
+  auto it = pending_shards_index_.find(event.transfer_id);
+  if (it == pending_shards_index_.end()) {
+    pending_shards_.push_back(PendingShards{event.transfer_id, {}, *event.spec});
+    it = pending_shards_index_.emplace(event.transfer_id, std::prev(pending_shards_.end())).first;
+  } else {
+    pending_shards_.splice(pending_shards_.end(), pending_shards_, it->second);  // most recent last
+  }
+  PendingShards& entry = *it->second;
+  if (!(entry.spec == *event.spec)) {
+    // Every rank receives an identical copy; shards that disagree mean the
+    // transfer cannot be loaded consistently.
+    logger()->warn("EC shards disagree on transfer_id={}: {} vs {}; failing it", shorten(event.transfer_id),
+                   entry.spec.to_string(), event.spec->to_string());
+    forget_shard_readiness(event.transfer_id);
+    table_.observe_abandoned(event.transfer_id, event.mm_hash, now);
+    return false;
+  }
+  if (std::find(entry.shards.begin(), entry.shards.end(), event.shard) == entry.shards.end()) {
+    entry.shards.push_back(event.shard);
+  }
+  if (entry.shards.size() < static_cast<std::size_t>(shard_count)) {
+    ++stats_.awaiting_shards;
+    while (pending_shards_.size() > options_.max_pending_shard_events) {
+      ++stats_.partial_dropped;
+      pending_shards_index_.erase(pending_shards_.front().transfer_id);
+      pending_shards_.pop_front();
+    }
+    return false;
+  }
+  forget_shard_readiness(event.transfer_id);
+  return true;
+}
+
+void ConsumerChannel::forget_shard_readiness(std::string_view transfer_id) {
+  auto it = pending_shards_index_.find(transfer_id);
+  if (it == pending_shards_index_.end()) return;
+  pending_shards_.erase(it->second);
+  pending_shards_index_.erase(it);
+}
+
+// ---------------------------------------------------------------- remote cancels
+
+void ConsumerChannel::queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash,
+                                   std::string_view request_id) {
+  if (!table_.cancel(transfer_id, now, mm_hash, request_id)) return;
+  forget_shard_readiness(transfer_id);
+  const TransferRecord* r = table_.find(transfer_id);
+  if ((r && r->invented_name()) || !control_ || options_.control_address.empty()) {
+    ++stats_.cancels_local_only;
+    return;
+  }
+  auto ticket = std::make_shared<CancelTicket>(std::string(transfer_id));
+  auto task = [control = control_, base = options_.control_address, attempts = options_.cancel_attempts, ticket] {
+    // Confirm the topology first: a cancel sent to the base address alone would
+    // leave every other shard's reservation pinned.
+    Result<std::vector<std::string>> shards = unavailable("not attempted");
+    for (int a = 0; a < attempts; ++a) {
+      shards = call_safely([&] { return control->discover_shards(base); });
+      if (shards && !shards->empty()) break;
+    }
+    if (!shards || shards->empty()) {
+      ticket->status = unavailable(fmt::format("could not discover every EC consumer shard at {}: {}", base,
+                                               shards ? std::string("no shards reported") : shards.status().message()));
+      ticket->done.store(true, std::memory_order_release);
+      return;
+    }
+    ticket->shards = shards->size();
+    std::vector<std::string> pending = std::move(*shards);
+    Status first_error;
+    for (int round = 0; round < attempts && !pending.empty(); ++round) {
+      std::vector<std::string> failed;
+      for (const auto& addr : pending) {
+        Result<bool> reply = call_safely([&] { return control->cancel(addr, ticket->transfer_id); });
+        if (!reply) {
+          if (first_error) first_error = reply.status();
+          failed.push_back(addr);
+        } else {
+          ticket->cancelled |= *reply;
+        }
+      }
+      pending = std::move(failed);  // the next round retries only the shards that failed
+    }
+    ticket->status = pending.empty() ? Status::ok() : first_error;
+    ticket->done.store(true, std::memory_order_release);
+  };
+  if (closed_ || !executor_->try_submit(std::move(task))) {
+    ++stats_.cancels_dropped;
+    logger()->warn("EC reservation cancel for transfer_id={} not queued ({}); the consumer's lease will expire it",
+                   shorten(transfer_id), closed_ ? "closed" : "executor queue full");
+    return;
+  }
+  ++stats_.cancels_queued;
+  pending_cancels_.push_back(std::move(ticket));
+}
+
+void ConsumerChannel::poll_pending_cancels() {
+  std::erase_if(pending_cancels_, [this](const std::shared_ptr<CancelTicket>& t) {
+    if (!t->done.load(std::memory_order_acquire)) return false;
+    if (t->status) {
+      ++stats_.cancels_succeeded;
+      logger()->debug("EC reservation cancel for transfer_id={} done on {} shards (cancelled={})",
+                      shorten(t->transfer_id), t->shards, t->cancelled);
+    } else {
+      ++stats_.cancels_failed;
+      logger()->warn("EC reservation cancellation failed for transfer_id={}: {}", shorten(t->transfer_id),
+                     t->status.message());
+    }
+    return true;
+  });
+}
+
+}  // namespace ecx::scheduler

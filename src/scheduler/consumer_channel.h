@@ -1,0 +1,107 @@
+#pragma once
+// ConsumerChannel: the consumer half's traffic with its consumer shards. Readiness
+// events are drained from the EventSource into the transfer table (at most once per
+// step boundary, or after drain_min_interval), multi-shard readiness is collected
+// until every shard reported; reservation cancels go to the shards on an owned,
+// bounded executor, and their outcome is polled on a later call. Never blocks the
+// scheduler thread on the network.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ecx/core/clock.h"
+#include "ecx/scheduler/collaborators.h"
+#include "ecx/scheduler/coordinator.h"
+#include "ecx/scheduler/transfer_table.h"
+#include "scheduler/coordinator_common.h"
+
+namespace ecx::scheduler {
+
+class BoundedExecutor;
+
+class ConsumerChannel {
+ public:
+  struct Stats {
+    std::uint64_t drains = 0;
+    std::uint64_t events_received = 0;
+    std::uint64_t events_malformed = 0;
+    std::uint64_t ready_accepted = 0;
+    std::uint64_t ready_ignored = 0;
+    std::uint64_t awaiting_shards = 0;
+    std::uint64_t partial_dropped = 0;
+    std::uint64_t abandoned_events = 0;
+    std::uint64_t failed_events = 0;
+    std::uint64_t cancels_queued = 0;
+    std::uint64_t cancels_succeeded = 0;
+    std::uint64_t cancels_failed = 0;
+    std::uint64_t cancels_dropped = 0;
+    std::uint64_t cancels_local_only = 0;
+    std::uint64_t cancels_abandoned = 0;
+  };
+
+  // `options` and `table` must outlive the channel. `events` and `control` may be
+  // null (no events; cancels stay local and are counted).
+  ConsumerChannel(const CoordinatorOptions& options, TransferTable& table, std::shared_ptr<EventSource> events,
+                  std::shared_ptr<ConsumerControl> control);
+  ~ConsumerChannel();
+  ConsumerChannel(const ConsumerChannel&) = delete;
+  ConsumerChannel& operator=(const ConsumerChannel&) = delete;
+
+  // Polls finished cancels, applies queued events, then the table's deadlines
+  // (cancelling what expired). Skipped unless re-armed or drain_min_interval passed.
+  void drain(TimePoint now);
+  // A step boundary: the next drain() runs whatever the interval.
+  void rearm_drain() noexcept { drain_pending_ = true; }
+  // Cancels `transfer_id` in the table and, unless its name is invented or no
+  // control client is configured, queues its cancel on every consumer shard.
+  void queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash = {},
+                    std::string_view request_id = {});
+  // Takes the outcome of the remote cancels that finished.
+  void poll_pending_cancels();
+  // See SchedulerCoordinator::close(). Idempotent.
+  void close();
+
+  bool closed() const noexcept { return closed_; }
+  std::size_t pending_cancels() const noexcept { return pending_cancels_.size(); }
+  const Stats& stats() const noexcept { return stats_; }
+
+ private:
+  struct CancelTicket;
+  struct PendingShards {
+    std::string transfer_id;
+    std::vector<int> shards;
+    TensorSpec spec;
+  };
+
+  void accept_event(const TransferEvent& event, TimePoint now);
+  // Whether every shard has now reported `event`'s transfer ready.
+  bool note_shard_ready(const TransferEvent& event, TimePoint now);
+  void forget_shard_readiness(std::string_view transfer_id);
+
+  const CoordinatorOptions& options_;
+  TransferTable& table_;
+  std::shared_ptr<EventSource> events_;
+  std::shared_ptr<ConsumerControl> control_;
+  std::unique_ptr<BoundedExecutor> executor_;
+  Stats stats_;
+  bool closed_ = false;
+
+  bool drain_pending_ = true;
+  TimePoint drained_at_{};
+  std::vector<TransferEvent> event_buffer_;
+  std::vector<std::string> cancel_buffer_;
+
+  // Partial multi-shard readiness, oldest first, bounded.
+  std::list<PendingShards> pending_shards_;
+  detail::StringMap<std::list<PendingShards>::iterator> pending_shards_index_;
+
+  std::vector<std::shared_ptr<CancelTicket>> pending_cancels_;
+};
+
+}  // namespace ecx::scheduler

@@ -1,0 +1,63 @@
+#pragma once
+// What the parts of the SchedulerCoordinator share: the scheduler's logger, ids
+// shortened for log lines, the name a transfer gets when no ec_items entry names
+// it, and string-keyed containers that look up by string_view.
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "ecx/core/logging.h"
+#include "ecx/scheduler/types.h"
+
+namespace ecx::scheduler::detail {
+
+inline std::shared_ptr<spdlog::logger> coordinator_logger() {
+  static auto instance = ecx::log::get("scheduler");
+  return instance;
+}
+
+inline std::string_view shorten(std::string_view id, std::size_t n = 64) { return id.substr(0, n); }
+
+// The invented name of item `index` when the request names no transfer for it; the
+// other side does not know it, so nothing can cancel it remotely.
+inline std::string fallback_id(const RequestView& request, std::size_t index) {
+  return fmt::format("{}:{}", request.request_id, index);
+}
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using StringSet = std::unordered_set<std::string, StringHash, std::equal_to<>>;
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+// Ids remembered up to a bound, the oldest forgotten first.
+class RecentIds {
+ public:
+  // False when `id` is remembered already.
+  bool insert(const std::string& id, std::size_t bound) {
+    if (!ids_.insert(id).second) return false;
+    order_.push_back(id);
+    while (order_.size() > bound) {
+      ids_.erase(order_.front());
+      order_.pop_front();
+    }
+    return true;
+  }
+  bool contains(std::string_view id) const { return ids_.contains(id); }
+
+ private:
+  StringSet ids_;
+  std::deque<std::string> order_;
+};
+
+}  // namespace ecx::scheduler::detail

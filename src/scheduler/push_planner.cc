@@ -1,0 +1,129 @@
+#include "scheduler/push_planner.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace ecx::scheduler {
+
+using detail::coordinator_logger;
+using detail::shorten;
+
+void PushPlanner::plan_uncomputed(const RequestView& request, std::int64_t num_computed_tokens) {
+  if (!options_.is_producer) return;
+  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
+    if (!request.mm_features[i].computed_by(num_computed_tokens)) plan_push(request, i);
+  }
+}
+
+void PushPlanner::after_alloc(const RequestView& request, std::size_t index) {
+  if (!options_.is_producer || request.has_malformed_params()) return;
+  plan_push(request, index);
+  const MmFeature& feature = request.mm_features[index];
+  if (options_.cross_encoder_cache && feature.modality == "image") {
+    if (auto spec = output_spec(feature)) {
+      store_candidates_.emplace_back(request.request_id, StoreCandidate{feature.identifier, *spec});
+    }
+  }
+}
+
+void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
+  if (!store_candidates_.empty()) {
+    const detail::StringSet preempted(step.preempted_request_ids.begin(), step.preempted_request_ids.end());
+    detail::StringMap<std::size_t> position;
+    for (auto& [request_id, candidate] : store_candidates_) {
+      if (preempted.contains(request_id)) continue;
+      if (auto it = position.find(candidate.mm_hash); it != position.end()) {
+        meta.store_candidates[it->second] = std::move(candidate);
+      } else {
+        position.emplace(candidate.mm_hash, meta.store_candidates.size());
+        meta.store_candidates.push_back(std::move(candidate));
+      }
+    }
+    store_candidates_.clear();
+  }
+  meta.pushes = std::exchange(pushes_, {});
+}
+
+std::optional<nlohmann::json> PushPlanner::finish(const RequestView& request) {
+  if (!options_.is_producer || request.mm_features.empty()) {
+    if (auto it = bindings_by_request_.find(request.request_id); it != bindings_by_request_.end()) {
+      bindings_by_request_.erase(it);
+    }
+    return std::nullopt;
+  }
+  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  nlohmann::json params_out = nlohmann::json::object();
+  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
+    const MmFeature& feature = request.mm_features[i];
+    auto& entry = params_out[feature.identifier];
+    entry["item_indices"].push_back(i);
+    if (auto transfer_id = resolve_transfer_id(params, i, feature.identifier)) entry["transfer_id"] = *transfer_id;
+  }
+  if (auto it = bindings_by_request_.find(request.request_id); it != bindings_by_request_.end()) {
+    nlohmann::json items = nlohmann::json::array();
+    for (const auto& transfer_id : it->second) {
+      auto binding = push_bindings_.find(transfer_id);
+      if (binding == push_bindings_.end()) continue;
+      items.push_back({{"mm_hash", binding->second.mm_hash}, {"transfer_id", transfer_id}});
+      if (--binding->second.requests == 0) push_bindings_.erase(binding);
+    }
+    bindings_by_request_.erase(it);
+    if (!items.empty()) params_out["ec_items"] = std::move(items);
+  }
+  return params_out;
+}
+
+void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
+  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const MmFeature& feature = request.mm_features[index];
+  const bool has_consumer = params && !params->consumer_zmq.empty();
+  std::string transfer_id;
+  if (auto resolved = resolve_transfer_id(params, index, feature.identifier)) {
+    transfer_id = std::string(*resolved);
+  } else {
+    // Still push: once the proxy rewrote the item into embeds the consumer has no
+    // media to fall back on. But the consumer cannot cancel this invented name.
+    if (has_consumer) failures_.warn_unresolved(request, index, "push prepare");
+    transfer_id = detail::fallback_id(request, index);
+  }
+  if (!has_consumer) return;
+  auto& mine = bindings_by_request_[request.request_id];
+  if (std::find(mine.begin(), mine.end(), transfer_id) != mine.end()) return;  // planned once per transfer
+  if (auto it = push_bindings_.find(transfer_id); it != push_bindings_.end()) {
+    if (it->second.mm_hash != feature.identifier || it->second.consumer_zmq != params->consumer_zmq) {
+      // Another payload or destination under the same name: drop the newcomer.
+      ++stats_.push_conflicts;
+      coordinator_logger()->warn(
+          "EC transfer_id={} is already planned for mm_hash={} to {}; refusing mm_hash={} to {} for request {}",
+          shorten(transfer_id), shorten(it->second.mm_hash), it->second.consumer_zmq, shorten(feature.identifier),
+          params->consumer_zmq, shorten(request.request_id));
+      failures_.mark(request.request_id);
+      return;
+    }
+    ++it->second.requests;  // the same encoding named twice: one push serves both
+    mine.push_back(transfer_id);
+    return;
+  }
+  auto spec = output_spec(feature);
+  if (!spec) {
+    coordinator_logger()->warn("EC cannot plan the push of mm_hash={} for request {}: {}", shorten(feature.identifier),
+                               shorten(request.request_id), spec.status().message());
+    failures_.mark(request.request_id);
+    return;
+  }
+  pushes_.push_back(PushSpec{feature.identifier, *spec, params->consumer_zmq, transfer_id, request.request_id});
+  push_bindings_.emplace(transfer_id, PushBinding{feature.identifier, params->consumer_zmq, 1});
+  mine.push_back(transfer_id);
+  ++stats_.pushes_planned;
+}
+
+Result<TensorSpec> PushPlanner::output_spec(const MmFeature& feature) const {
+  if (feature.output_spec) return *feature.output_spec;
+  if (options_.encoder_output_width <= 0) {
+    return invalid_argument("the encoder output width is unknown (set encoder_output_width)");
+  }
+  return TensorSpec::make({feature.num_encoder_embeds, options_.encoder_output_width}, options_.encoder_dtype,
+                          options_.max_tensor_bytes);
+}
+
+}  // namespace ecx::scheduler

@@ -1,0 +1,22 @@
+#pragma once
+// ec_transfer_params from an already parsed JSON value, for the callers that hold
+// one (the engine simulators, tests, fuzzers). The public headers take JSON text
+// (parse_ec_transfer_params_text, RequestView::set_ec_transfer_params_text) so that
+// they expose no JSON library; the rules are the same.
+
+#include <nlohmann/json.hpp>
+
+#include "ecx/core/status.h"
+#include "ecx/scheduler/transfer_params.h"
+#include "ecx/scheduler/types.h"
+
+namespace ecx::scheduler {
+
+// `value` must be a JSON object (callers map JSON null to "no params" themselves).
+Result<EcTransferParams> parse_ec_transfer_params(const nlohmann::json& value);
+
+// Parses and stores `request`'s ec_transfer_params (JSON null = none). Never
+// throws; a malformed value is recorded in request.ec_transfer_params_error.
+void set_ec_transfer_params(RequestView& request, const nlohmann::json& value);
+
+}  // namespace ecx::scheduler
