@@ -16,7 +16,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "sim/control_loops.h"
 #include "sim/engine_sim.h"
 

@@ -28,10 +28,10 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "core/logging.h"
 #include "data_link.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
-#include "ecx/core/logging.h"
 #include "ecx/core/stages.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"

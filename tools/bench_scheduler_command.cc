@@ -17,7 +17,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "sim/engine_sim.h"
 #include "sim/scheduler_fixtures.h"
 

@@ -40,11 +40,15 @@ inline std::string_view config_transport(DataLink link) { return uses_ucx(link) 
 inline CLI::Option* add_data_link_option(CLI::App* app, DataLink& link, const std::string& help,
                                          bool ucx_only = false) {
   std::map<std::string, DataLink> accepted;
+  std::string names;
   for (const auto& [name, value] : data_link_names()) {
-    if (!ucx_only || uses_ucx(value)) accepted.emplace(name, value);
+    if (ucx_only && !uses_ucx(value)) continue;
+    accepted.emplace(name, value);
+    names += (names.empty() ? "" : ",") + name;
   }
   return app->add_option("--transport", link, help)
-      ->transform(CLI::CheckedTransformer(std::move(accepted)))
+      ->transform(CLI::CheckedTransformer(std::move(accepted)).description("{" + names + "}"))
+      ->type_name("TEXT")
       ->default_str(std::string(data_link_name(link)));
 }
 

@@ -22,9 +22,9 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "core/logging.h"
 #include "data_link.h"
 #include "ecx/core/config.h"
-#include "ecx/core/logging.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
 

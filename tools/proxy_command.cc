@@ -10,7 +10,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/proxy/bench.h"
 #include "ecx/proxy/proxy.h"
 

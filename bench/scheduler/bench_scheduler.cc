@@ -7,7 +7,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "sim/scheduler_fixtures.h"
 
 namespace ecx::scheduler::bench {

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "sim/scheduler_fixtures.h"
 
 namespace ecx::scheduler::bench {

@@ -23,7 +23,7 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "bindings/common.h"
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx::python {
 namespace {

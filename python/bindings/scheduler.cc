@@ -14,8 +14,8 @@
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/worker/scheduler_links.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/worker/scheduler_links.h"
 
 namespace ecx::python {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "bindings/common.h"
 #include "ecx/core/metrics.h"
-#include "ecx/worker/worker_coordinator.h"
+#include "ecx/connector/worker/worker_coordinator.h"
 
 namespace ecx::python {
 namespace {

@@ -3,10 +3,11 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/core/sanitizers.h"
 #include "ecx/core/stages.h"
 #include "ecx/pool/slab.h"
@@ -87,6 +88,10 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
   transport::RegionHandle region;
   std::string data_address;
   bool one_sided = false;  // producers write the pool themselves and `complete` (feature "one_sided")
+  // Headers of the payloads landing now, by landing token. Only the data plane's
+  // progress thread touches them (resolve, then landed, once per landing).
+  std::unordered_map<std::uint64_t, wire::PayloadHeader> landing_headers;
+  std::uint64_t last_landing_token = 0;
   std::unique_ptr<control::ControlServer> server;
   std::atomic<control::ControlServer*> publisher{nullptr};
   std::atomic<std::uint64_t> headers_rejected{0};
@@ -129,18 +134,23 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
       log->info("shard {}: {}", config.layout.tp_rank, refused.message());
       return refused;
     }
-    return transport::Landing{resolution.target->data, resolution.target->length, resolution.target->generation};
+    // The landing's token names the decoded header, so landed() need not decode it again.
+    const std::uint64_t token = ++last_landing_token;
+    landing_headers.emplace(token, std::move(*header));
+    return transport::Landing{resolution.target->data, resolution.target->length, token};
   }
 
-  void landed(std::span<const std::byte> header_bytes, const Status& status) {
-    auto header = wire::decode_payload_header(header_bytes);
-    if (!header) return;  // the resolver accepted it, so this cannot happen
+  void landed(const transport::Landing& landing, const Status& status) {
+    auto it = landing_headers.find(landing.token);
+    if (it == landing_headers.end()) return;  // only resolved landings come back, each once
+    const wire::PayloadHeader header = std::move(it->second);
+    landing_headers.erase(it);
     if (!status) {
-      log->warn("shard {}: payload for transfer_id={} did not arrive: {}", config.layout.tp_rank, header->transfer_id,
+      log->warn("shard {}: payload for transfer_id={} did not arrive: {}", config.layout.tp_rank, header.transfer_id,
                 status.to_string());
     }
     const TimePoint verify_started = clock->now();
-    reservations->complete_landing(header->transfer_id, header->reservation_id, status.is_ok(), header->checksum);
+    reservations->complete_landing(header.transfer_id, header.reservation_id, status.is_ok(), header.checksum);
     if (status) stages::record(stages::Stage::landing, clock->now() - verify_started);
     publish_events();
   }
@@ -246,8 +256,8 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
     if (!s) return unavailable("shard is shutting down");
     return s->resolve(header, bytes);
   };
-  hooks.on_landing = [weak](std::span<const std::byte> header, const transport::Landing&, const Status& status) {
-    if (auto s = weak.lock()) s->landed(header, status);
+  hooks.on_landing = [weak](std::span<const std::byte>, const transport::Landing& landing, const Status& status) {
+    if (auto s = weak.lock()) s->landed(landing, status);
   };
   auto created =
       transport::create_data_plane(config, state->clock, transport::DataPlaneRole::receiver, std::move(hooks));

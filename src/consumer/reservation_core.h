@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "consumer/slot_store.h"
+#include "core/logging.h"
 #include "ecx/consumer/reservation_manager.h"
 #include "ecx/consumer/reservation_types.h"
 #include "ecx/core/clock.h"
-#include "ecx/core/logging.h"
 #include "ecx/core/status.h"
 
 namespace ecx::consumer::detail {

@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/core/status.h"
 #include "ecx/core/tensor_spec.h"
 #include "ecx/pool/offset_allocator.h"

@@ -11,7 +11,7 @@
 
 #include "control/counters.h"
 #include "control/zmq_util.h"
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/wire/codec.h"
 
 namespace ecx::control {

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx {
 namespace {

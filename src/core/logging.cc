@@ -1,4 +1,4 @@
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 #include <cstdlib>
 #include <map>

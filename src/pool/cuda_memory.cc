@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/pool/slab.h"
 
 namespace ecx::pool {

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx::pool {
 namespace {

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "pool/cuda_memory.h"
 
 namespace ecx::pool {

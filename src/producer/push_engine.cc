@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "core/logging.h"
 #include "ecx/control/client.h"
-#include "ecx/core/logging.h"
 #include "ecx/core/stages.h"
 #include "ecx/transport/factory.h"
 #include "ecx/wire/payload_header.h"

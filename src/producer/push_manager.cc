@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx::producer {
 

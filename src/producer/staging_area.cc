@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/core/stages.h"
 
 namespace ecx::producer {

@@ -15,7 +15,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx::proxy::http {
 

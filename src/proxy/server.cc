@@ -13,7 +13,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <nlohmann/json.hpp>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/proxy/metrics.h"
 #include "ecx/proxy/proxy.h"
 #include "ecx/proxy/roster.h"

@@ -1,6 +1,6 @@
 #include "ecx/store/publisher.h"
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx::store {
 

@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/store/embedding_store.h"
 #include "store/entry_format.h"
 

@@ -30,7 +30,9 @@ std::optional<Value> find_named(const NameTable<Value, N>& table, std::string_vi
 }
 
 constexpr NameTable<Backend, 2> kBackends{{{"ucx", Backend::ucx}, {"mooncake", Backend::mooncake}}};
-constexpr NameTable<bool, 2> kMooncakeProtocols{{{"tcp", true}, {"rdma", true}}};
+// The value: whether the protocol needs device discovery first.
+constexpr NameTable<bool, 2> kMooncakeProtocols{{{"tcp", false}, {"rdma", true}}};
+constexpr NameTable<UcxMode, 2> kUcxModes{{{"am", UcxMode::am}, {"put", UcxMode::put}}};
 
 Result<Backend> backend_of(const Config& config) {
   if (auto backend = find_named(kBackends, config.transport)) return *backend;
@@ -77,9 +79,14 @@ Result<std::unique_ptr<Transport>> create_ucx(const Config& config, std::shared_
 
 }  // namespace
 
-Result<std::string> parse_mooncake_protocol(std::string_view name) {
-  if (find_named(kMooncakeProtocols, name)) return std::string(name);
+Result<MooncakeProtocol> parse_mooncake_protocol(std::string_view name) {
+  if (auto discover = find_named(kMooncakeProtocols, name)) return MooncakeProtocol{std::string(name), *discover};
   return invalid_argument(fmt::format("mooncake_protocol '{}': use tcp or rdma", name));
+}
+
+Result<UcxMode> parse_ucx_mode(std::string_view name) {
+  if (auto mode = find_named(kUcxModes, name)) return *mode;
+  return invalid_argument(fmt::format("ucx mode '{}': expected am or put", name));
 }
 
 Result<std::unique_ptr<Transport>> create_data_plane(const Config& config, std::shared_ptr<const Clock> clock,

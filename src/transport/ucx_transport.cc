@@ -222,11 +222,6 @@ Result<UcxOptions> ucx_options_from_config(const Config& config, std::shared_ptr
   return ucx;
 }
 
-Result<UcxMode> parse_ucx_mode(std::string_view name) {
-  if (name == "am") return UcxMode::am;
-  if (name == "put") return UcxMode::put;
-  return invalid_argument(fmt::format("ucx mode '{}': expected am or put", name));
-}
 
 Result<std::unique_ptr<Transport>> create_ucx_transport(UcxOptions options) {
   auto transport = std::make_unique<UcxTransport>(std::move(options));

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "coordinator_model.h"
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   ecx::log::set_level(spdlog::level::off);  // the model's hostile requests are logged; keep the fuzzer quiet

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "core/logging.h"
 #include "ecx/consumer/reservation_manager.h"
-#include "ecx/core/logging.h"
 
 namespace {
 

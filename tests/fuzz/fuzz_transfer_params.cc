@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ecx/core/ids.h"
-#include "ecx/scheduler/transfer_params.h"
-#include "scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/transfer_params.h"
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace {
 

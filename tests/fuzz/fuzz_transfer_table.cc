@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "ecx/core/logging.h"
-#include "ecx/scheduler/transfer_table.h"
+#include "core/logging.h"
+#include "ecx/connector/scheduler/transfer_table.h"
 
 namespace {
 

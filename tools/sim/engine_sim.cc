@@ -18,12 +18,12 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/pool/slab.h"
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/worker/scheduler_links.h"
-#include "ecx/worker/worker_coordinator.h"
-#include "scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/worker/scheduler_links.h"
+#include "ecx/connector/worker/worker_coordinator.h"
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::sim {
 namespace {

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "ecx/scheduler/coordinator.h"
-#include "scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::bench {
 

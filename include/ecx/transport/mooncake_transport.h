@@ -79,6 +79,11 @@ std::string mooncake_library_path(std::string_view configured);
 // symbol ECX calls; the error says what is missing. Loads it (and keeps it loaded).
 Status mooncake_library_available(std::string_view configured = {});
 
-Result<std::string> parse_mooncake_protocol(std::string_view name);
+// A Mooncake protocol ECX can install: tcp or rdma.
+struct MooncakeProtocol {
+  std::string name;                // what the engine's install_transport takes
+  bool discover_topology = false;  // RDMA: find the devices before installing
+};
+Result<MooncakeProtocol> parse_mooncake_protocol(std::string_view name);
 
 }  // namespace ecx::transport

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "core/logging.h"
 #include "ecx/core/config.h"
-#include "ecx/core/logging.h"
 #include "transport/mooncake/mooncake_api.h"
 
 namespace ecx::transport {
@@ -309,7 +309,6 @@ Status mooncake_library_available(std::string_view configured) {
   return mooncake::load_api(mooncake_library_path(configured)).status();
 }
 
-
 Result<std::unique_ptr<MooncakeTransport>> create_mooncake_transport(MooncakeOptions options) {
   auto protocol = parse_mooncake_protocol(options.protocol);
   if (!protocol) return protocol.status();
@@ -326,17 +325,17 @@ Result<std::unique_ptr<MooncakeTransport>> create_mooncake_transport(MooncakeOpt
     fn.destroy_engine(engine);
     return status;
   };
-  if (*protocol == "rdma" && fn.discover_topology(engine) != 0) {
+  if (protocol->discover_topology && fn.discover_topology(engine) != 0) {
     return fail(unavailable("mooncake: RDMA topology discovery failed (no usable RDMA device?)"));
   }
-  if (fn.install_transport(engine, protocol->c_str(), nullptr) == nullptr) {
-    return fail(unavailable(fmt::format("mooncake: installing the {} transport failed (its log says why)", *protocol)));
+  if (fn.install_transport(engine, protocol->name.c_str(), nullptr) == nullptr) {
+    return fail(unavailable(fmt::format("mooncake: installing the {} transport failed (its log says why)", protocol->name)));
   }
   char name[256] = {};
   if (fn.local_ip_and_port(engine, name, sizeof(name)) != 0 || name[0] == '\0') {
     return fail(internal_error("mooncake: the engine did not report its segment name"));
   }
-  ecx::log::get("transport")->info("mooncake engine {} ({}) from {}", name, *protocol, fn.path);
+  ecx::log::get("transport")->info("mooncake engine {} ({}) from {}", name, protocol->name, fn.path);
   return std::unique_ptr<MooncakeTransport>(
       std::make_unique<MooncakeTransportImpl>(*api, engine, std::string(name), std::move(options)));
 }

@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/core/status.h"
 #include "ecx/transport/ucx_transport.h"
 

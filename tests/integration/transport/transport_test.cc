@@ -439,9 +439,17 @@ TEST(DataPlaneFactory, UnknownBackendOrMooncakeProtocolIsRefusedByName) {
   ASSERT_FALSE(created);
   EXPECT_NE(created.status().message().find("transport 'carrier-pigeon': expected ucx or mooncake"), std::string::npos)
       << created.status().to_string();
-  EXPECT_TRUE(parse_mooncake_protocol("tcp"));
-  EXPECT_TRUE(parse_mooncake_protocol("rdma"));
+  auto tcp = parse_mooncake_protocol("tcp");
+  ASSERT_TRUE(tcp);
+  EXPECT_FALSE(tcp->discover_topology);
+  auto rdma = parse_mooncake_protocol("rdma");
+  ASSERT_TRUE(rdma);
+  EXPECT_TRUE(rdma->discover_topology);  // RDMA finds its devices before installing
   EXPECT_FALSE(parse_mooncake_protocol("nvlink"));
+  EXPECT_EQ(parse_ucx_mode("put").value_or(UcxMode::am), UcxMode::put);
+  auto bad_mode = parse_ucx_mode("rma");
+  ASSERT_FALSE(bad_mode);
+  EXPECT_NE(bad_mode.status().message().find("expected am or put"), std::string::npos);
 }
 
 }  // namespace

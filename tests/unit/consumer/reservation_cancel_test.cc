@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "reservation_test_util.h"
 
 namespace ecx::consumer {

@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "reservation_test_util.h"
 
 namespace ecx::consumer {

@@ -1,6 +1,7 @@
-// PushEngine against a consumer that stops answering: a real ZeroMQ ROUTER on
-// loopback that reads every request and replies to none, with the reference's 30 s
-// control timeout. Shutdown must still end within its own budget.
+// PushEngine against real ZeroMQ peers on loopback: a consumer that stops answering
+// (a ROUTER that reads every request and replies to none, with the reference's 30 s
+// control timeout: shutdown must still end within its own budget), and a shard whose
+// data plane lands payloads the other way (the push fails, naming both).
 #include <chrono>
 #include <vector>
 
@@ -10,8 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../control/control_test_util.h"
 #include "ecx/core/config.h"
 #include "ecx/producer/push_engine.h"
+#include "ecx/wire/protocol.h"
 
 namespace ecx::producer {
 namespace {
@@ -80,6 +83,48 @@ TEST(PushEngineShutdown, IdleEngineStopsAtOnce) {
   const auto started = std::chrono::steady_clock::now();
   (*engine)->shutdown(10s);
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+}
+
+// A shard that says the producer writes its pool one-sidedly (as a Mooncake shard
+// does), reached by a producer whose data plane is UCX (the receiver chooses).
+class OneSidedShard : public control::testing::TestHandler {
+ public:
+  void describe(wire::HelloReply& reply) override {
+    TestHandler::describe(reply);
+    reply.data.transport = "mooncake";
+    reply.data.segment = "127.0.0.1:1";
+    reply.data.base = 0x10000;
+    reply.features = {std::string(wire::kFeatureOneSided)};
+  }
+};
+
+TEST(PushEngineDataPlane, AShardThatLandsTheOtherWayFailsThePushNamingBoth) {
+  auto handler = std::make_shared<OneSidedShard>();
+  auto shards = control::testing::start_shards(1, handler);
+  ASSERT_EQ(shards.size(), 1u);
+  auto engine = PushEngine::start(producer_config(nlohmann::json::object()));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  const std::vector<std::byte> output(spec->nbytes(), std::byte{7});
+  const std::string consumer = shards[0]->control_endpoint();
+  (*engine)->submit(PushSpec{"t-mismatch", "h-mismatch", consumer, *spec, "r-mismatch"});
+  ASSERT_TRUE((*engine)->bind_source("h-mismatch", output.data(), output.size()).ok());
+
+  // The failure is reported, not thrown; wait (bounded) for the push to end.
+  std::vector<FailedSave> failures;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (failures.empty() && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(200ms);
+    for (auto& f : (*engine)->drain_failures()) failures.push_back(std::move(f));
+  }
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].transfer_id, "t-mismatch");
+  EXPECT_NE(failures[0].reason.find("'mooncake' (sender-chosen landing)"), std::string::npos) << failures[0].reason;
+  EXPECT_NE(failures[0].reason.find("(receiver-chosen landing)"), std::string::npos) << failures[0].reason;
+  EXPECT_EQ((*engine)->counters().pushes.payloads_sent, 1u);  // decided, then refused before any byte moved
+  (*engine)->shutdown(1s);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #include "ecx/producer/push_manager.h"
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
 // The consumer half on its own: a ConsumerGate (and the ConsumerChannel it owns)
 // wired to the fakes and a manual clock, without a PushPlanner.
-#include "scheduler/consumer_gate.h"
+#include "connector/scheduler/consumer_gate.h"
 
 #include <gtest/gtest.h>
 
 #include "fake_collaborators.h"
-#include "scheduler/consumer_channel.h"
-#include "scheduler/request_failures.h"
+#include "connector/scheduler/consumer_channel.h"
+#include "connector/scheduler/request_failures.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/scheduler/transfer_params.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/transfer_params.h"
 #include "fake_collaborators.h"
-#include "scheduler/transfer_params_json.h"
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::testing {
 

@@ -1,4 +1,4 @@
-#include "ecx/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/coordinator.h"
 
 #include <gtest/gtest.h>
 

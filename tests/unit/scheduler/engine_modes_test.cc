@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ecx/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/coordinator.h"
 #include "fakes.h"
 
 namespace ecx::scheduler {

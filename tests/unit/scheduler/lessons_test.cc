@@ -6,8 +6,8 @@
 
 #include <sstream>
 
-#include "ecx/core/logging.h"
-#include "ecx/scheduler/coordinator.h"
+#include "core/logging.h"
+#include "ecx/connector/scheduler/coordinator.h"
 #include "fakes.h"
 
 namespace ecx::scheduler {

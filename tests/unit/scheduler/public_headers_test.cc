@@ -1,12 +1,12 @@
 // The scheduler's public headers expose only the standard library and ECX types:
 // included first and alone, they bring in no JSON library (JSON crosses them as
 // text; the JSON-value entry points live in scheduler/transfer_params_json.h).
-#include "ecx/scheduler/collaborators.h"
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/scheduler/table_storage.h"
-#include "ecx/scheduler/transfer_params.h"
-#include "ecx/scheduler/transfer_table.h"
-#include "ecx/scheduler/types.h"
+#include "ecx/connector/scheduler/collaborators.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/table_storage.h"
+#include "ecx/connector/scheduler/transfer_params.h"
+#include "ecx/connector/scheduler/transfer_table.h"
+#include "ecx/connector/scheduler/types.h"
 
 #if defined(INCLUDE_NLOHMANN_JSON_HPP_) || defined(NLOHMANN_JSON_VERSION_MAJOR)
 #error "a public scheduler header includes nlohmann/json"

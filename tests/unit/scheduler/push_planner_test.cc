@@ -1,11 +1,11 @@
 // The producer half on its own: a PushPlanner and the RequestFailures it reports
 // to, without a transfer table, an event source or a control client.
-#include "scheduler/push_planner.h"
+#include "connector/scheduler/push_planner.h"
 
 #include <gtest/gtest.h>
 
 #include "fake_collaborators.h"
-#include "scheduler/request_failures.h"
+#include "connector/scheduler/request_failures.h"
 
 namespace ecx::scheduler {
 namespace {

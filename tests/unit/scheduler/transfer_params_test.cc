@@ -1,9 +1,9 @@
-#include "ecx/scheduler/transfer_params.h"
+#include "ecx/connector/scheduler/transfer_params.h"
 
 #include <gtest/gtest.h>
 
-#include "ecx/scheduler/types.h"
-#include "scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/types.h"
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler {
 namespace {

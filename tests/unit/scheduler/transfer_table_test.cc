@@ -1,4 +1,4 @@
-#include "ecx/scheduler/transfer_table.h"
+#include "ecx/connector/scheduler/transfer_table.h"
 
 #include <gtest/gtest.h>
 

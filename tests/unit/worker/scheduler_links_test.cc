@@ -13,7 +13,7 @@
 #include "../control/control_test_util.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
-#include "ecx/worker/scheduler_links.h"
+#include "ecx/connector/worker/scheduler_links.h"
 
 namespace ecx::worker {
 namespace {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ecx/core/config.h"
-#include "ecx/worker/worker_coordinator.h"
+#include "ecx/connector/worker/worker_coordinator.h"
 #include "sim/process.h"
 
 namespace ecx::worker {
@@ -49,12 +49,13 @@ class WorkerCoordinatorTest : public ::testing::Test {
   scheduler::LoadSpec push(const std::string& hash, std::uint64_t n, std::byte fill) {
     auto spec = TensorSpec::make({static_cast<std::int64_t>(n)}, DType::uint8, ~0ULL).value();
     const std::string tid = "t-" + hash;
+    // Counted before the push starts: a landing can finish before save_cache returns.
+    const auto landed_before = landed();
     scheduler::ConnectorMeta meta;
     meta.pushes.push_back(scheduler::PushSpec{hash, spec, consumer_config_.control_address(0), tid, "r-" + hash});
     producer_->start_save_caches(meta);
     const std::vector<std::byte> output(n, fill);
     EXPECT_TRUE(producer_->save_cache(hash, output.data(), output.size()).ok());
-    const auto landed_before = landed();
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     while (landed() == landed_before && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(2ms);  // polling real sockets' progress, not waiting out a timeout

@@ -1,4 +1,4 @@
-#include "scheduler/consumer_gate.h"
+#include "connector/scheduler/consumer_gate.h"
 
 #include <algorithm>
 #include <utility>

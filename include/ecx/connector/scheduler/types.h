@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ecx/core/tensor_spec.h"
-#include "ecx/scheduler/transfer_params.h"
+#include "ecx/connector/scheduler/transfer_params.h"
 
 namespace ecx::scheduler {
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ecx/core/status.h"
-#include "ecx/scheduler/transfer_params.h"
-#include "ecx/scheduler/types.h"
+#include "ecx/connector/scheduler/transfer_params.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler {
 

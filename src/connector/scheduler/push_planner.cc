@@ -1,4 +1,4 @@
-#include "scheduler/push_planner.h"
+#include "connector/scheduler/push_planner.h"
 
 #include <algorithm>
 #include <utility>

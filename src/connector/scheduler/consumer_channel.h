@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "ecx/core/clock.h"
-#include "ecx/scheduler/collaborators.h"
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/scheduler/transfer_table.h"
-#include "scheduler/coordinator_common.h"
+#include "ecx/connector/scheduler/collaborators.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/transfer_table.h"
+#include "connector/scheduler/coordinator_common.h"
 
 namespace ecx::scheduler {
 

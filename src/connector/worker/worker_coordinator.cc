@@ -1,11 +1,11 @@
-#include "ecx/worker/worker_coordinator.h"
+#include "ecx/connector/worker/worker_coordinator.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
 

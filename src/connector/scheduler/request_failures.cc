@@ -1,4 +1,4 @@
-#include "scheduler/request_failures.h"
+#include "connector/scheduler/request_failures.h"
 
 #include <algorithm>
 #include <utility>

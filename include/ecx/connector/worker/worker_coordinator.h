@@ -21,7 +21,7 @@
 #include "ecx/core/metrics.h"
 #include "ecx/core/status.h"
 #include "ecx/producer/push_engine.h"
-#include "ecx/scheduler/types.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::worker {
 

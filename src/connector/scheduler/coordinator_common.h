@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
-#include "ecx/scheduler/types.h"
+#include "core/logging.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler::detail {
 

@@ -1,7 +1,7 @@
-#include "ecx/worker/scheduler_links.h"
+#include "ecx/connector/worker/scheduler_links.h"
 
+#include "core/logging.h"
 #include "ecx/control/event_inbox.h"
-#include "ecx/core/logging.h"
 #include "ecx/core/stages.h"
 
 namespace ecx::worker {

@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "ecx/core/clock.h"
-#include "ecx/scheduler/collaborators.h"
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/scheduler/transfer_table.h"
-#include "ecx/scheduler/types.h"
-#include "scheduler/consumer_channel.h"
-#include "scheduler/coordinator_common.h"
-#include "scheduler/request_failures.h"
+#include "ecx/connector/scheduler/collaborators.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/transfer_table.h"
+#include "ecx/connector/scheduler/types.h"
+#include "connector/scheduler/consumer_channel.h"
+#include "connector/scheduler/coordinator_common.h"
+#include "connector/scheduler/request_failures.h"
 
 namespace ecx::scheduler {
 

@@ -1,10 +1,10 @@
-#include "scheduler/bounded_executor.h"
+#include "connector/scheduler/bounded_executor.h"
 
 #include <chrono>
 #include <exception>
 #include <utility>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 
 namespace ecx::scheduler {
 

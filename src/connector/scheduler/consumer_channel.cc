@@ -1,4 +1,4 @@
-#include "scheduler/consumer_channel.h"
+#include "connector/scheduler/consumer_channel.h"
 
 #include <algorithm>
 #include <exception>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/ids.h"
-#include "scheduler/bounded_executor.h"
+#include "connector/scheduler/bounded_executor.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -1,10 +1,10 @@
-#include "ecx/scheduler/transfer_params.h"
+#include "ecx/connector/scheduler/transfer_params.h"
 
 #include <fmt/format.h>
 
 #include "ecx/core/ids.h"
-#include "ecx/scheduler/types.h"
-#include "scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/types.h"
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -8,8 +8,8 @@
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
-#include "ecx/scheduler/collaborators.h"
-#include "ecx/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/collaborators.h"
+#include "ecx/connector/scheduler/coordinator.h"
 
 namespace ecx::worker {
 

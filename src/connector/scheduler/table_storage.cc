@@ -1,4 +1,4 @@
-#include "ecx/scheduler/table_storage.h"
+#include "ecx/connector/scheduler/table_storage.h"
 
 #include <utility>
 

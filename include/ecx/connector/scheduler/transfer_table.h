@@ -35,8 +35,8 @@
 
 #include "ecx/core/clock.h"
 #include "ecx/core/status.h"
-#include "ecx/scheduler/table_storage.h"
-#include "ecx/scheduler/types.h"
+#include "ecx/connector/scheduler/table_storage.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler {
 

@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ecx/scheduler/coordinator.h"
-#include "ecx/scheduler/types.h"
-#include "scheduler/coordinator_common.h"
-#include "scheduler/request_failures.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/types.h"
+#include "connector/scheduler/coordinator_common.h"
+#include "connector/scheduler/request_failures.h"
 
 namespace ecx::scheduler {
 

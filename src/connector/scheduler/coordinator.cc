@@ -1,11 +1,11 @@
-#include "ecx/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/coordinator.h"
 
 #include <utility>
 
-#include "scheduler/consumer_gate.h"
-#include "scheduler/coordinator_common.h"
-#include "scheduler/push_planner.h"
-#include "scheduler/request_failures.h"
+#include "connector/scheduler/consumer_gate.h"
+#include "connector/scheduler/coordinator_common.h"
+#include "connector/scheduler/push_planner.h"
+#include "connector/scheduler/request_failures.h"
 
 namespace ecx::scheduler {
 

@@ -1,11 +1,11 @@
-#include "ecx/scheduler/transfer_table.h"
+#include "ecx/connector/scheduler/transfer_table.h"
 
 #include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "ecx/core/logging.h"
+#include "core/logging.h"
 #include "ecx/core/stages.h"
 #include "ecx/core/transition_table.h"
 

@@ -22,9 +22,9 @@
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
-#include "ecx/scheduler/collaborators.h"
-#include "ecx/scheduler/transfer_table.h"
-#include "ecx/scheduler/types.h"
+#include "ecx/connector/scheduler/collaborators.h"
+#include "ecx/connector/scheduler/transfer_table.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler {
 
