@@ -507,9 +507,12 @@ Result<int> free_port() {
 struct PerftestPrimitive {
   std::string_view name;
   bool one_sided;
+  std::string_view test;  // ucx_perftest 1.13's -t name
 };
-constexpr std::array<PerftestPrimitive, 4> kPerftestPrimitives{
-    {{"am", false}, {"tag", false}, {"stream", false}, {"put", true}}};
+constexpr std::array<PerftestPrimitive, 4> kPerftestPrimitives{{{"am", false, "ucp_am_bw"},
+                                                                {"tag", false, "tag_bw"},
+                                                                {"stream", false, "stream_bw"},
+                                                                {"put", true, "ucp_put_bw"}}};
 
 const PerftestPrimitive* find_primitive(std::string_view name) {
   for (const auto& primitive : kPerftestPrimitives) {
@@ -534,9 +537,9 @@ Result<Series> run_perftest(const BenchOptions& options, const std::string& prim
   if (one_sided_primitive(primitive)) count = std::max<std::uint64_t>(20, count / 8);
   const std::string iterations = std::to_string(count);
   const std::string warmup = std::to_string(std::max<std::uint64_t>(std::uint64_t{options.window} * 2, count / 10));
-  // ucx_perftest 1.13 names them ucp_am_bw, ucp_put_bw, tag_bw and stream_bw.
-  const std::string test =
-      primitive == "tag" || primitive == "stream" ? primitive + "_bw" : fmt::format("ucp_{}_bw", primitive);
+  const auto* known = find_primitive(primitive);
+  if (known == nullptr) return invalid_argument(fmt::format("ucx_perftest primitive '{}'", primitive));
+  const std::string test(known->test);
   const std::vector<std::string> common = {"-t", test,   "-s", std::to_string(size),  "-n", iterations,
                                            "-w", warmup, "-p", std::to_string(*port), "-f"};
   std::vector<std::string> server_args = {"ucx_perftest"};

@@ -46,8 +46,18 @@ inline CLI::Option* add_data_link_option(CLI::App* app, DataLink& link, const st
     accepted.emplace(name, value);
     names += (names.empty() ? "" : ",") + name;
   }
+  // CLI11 reads an enum from its number: the name becomes that number here, and a
+  // name outside the list is refused naming the ones accepted.
+  CLI::Validator by_name(
+      [accepted, names](std::string& value) -> std::string {
+        auto it = accepted.find(value);
+        if (it == accepted.end()) return "'" + value + "': expected one of " + names;
+        value = std::to_string(static_cast<int>(it->second));
+        return {};
+      },
+      "{" + names + "}");
   return app->add_option("--transport", link, help)
-      ->transform(CLI::CheckedTransformer(std::move(accepted)).description("{" + names + "}"))
+      ->transform(by_name)
       ->type_name("TEXT")
       ->default_str(std::string(data_link_name(link)));
 }

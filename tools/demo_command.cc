@@ -25,6 +25,7 @@
 #include "core/logging.h"
 #include "data_link.h"
 #include "ecx/core/config.h"
+#include "ecx/transport/ucx_transport.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
 
@@ -625,7 +626,10 @@ void add_demo_command(CLI::App& app, Runner& run) {
   add_data_link_option(demo, o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)");
   demo->add_option("--ucx-mode", o->ucx_mode, "UCX protocol (ucx_mode): am, or put (one-sided put + flush)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"am", "put"}));
+      ->check([](const std::string& mode) {
+        auto parsed = transport::parse_ucx_mode(mode);  // the data plane's own list of modes
+        return parsed ? std::string() : parsed.status().message();
+      });
   demo->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
       ->capture_default_str();
   demo->add_option("--seed", o->seed, "workload seed")->capture_default_str();
