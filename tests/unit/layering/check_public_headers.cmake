@@ -5,7 +5,7 @@
 # of libc, libstdc++ and the compiler's own headers), never to a third-party library
 # such as nlohmann/json, spdlog, fmt, ZeroMQ or UCX.
 cmake_policy(SET CMP0057 NEW)  # if(... IN_LIST ...)
-set(allowed_packages libc6-dev libstdc++-12-dev linux-libc-dev libgcc-12-dev gcc-12 libc6)
+set(allowed_packages libc6-dev libc6 linux-libc-dev libstdc++-12-dev libgcc-12-dev gcc-12 libclang-common-14-dev)
 file(GLOB_RECURSE headers RELATIVE ${SOURCE_DIR}/include ${SOURCE_DIR}/include/ecx/*.h)
 list(LENGTH headers header_count)
 if(header_count EQUAL 0)
