@@ -11,11 +11,11 @@
 #include <pybind11/stl.h>
 
 #include "bindings/common.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/worker/scheduler_links.h"
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
-#include "ecx/connector/scheduler/coordinator.h"
-#include "ecx/connector/worker/scheduler_links.h"
 
 namespace ecx::python {
 namespace {

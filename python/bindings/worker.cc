@@ -13,8 +13,8 @@
 #include <pybind11/stl.h>
 
 #include "bindings/common.h"
-#include "ecx/core/metrics.h"
 #include "ecx/connector/worker/worker_coordinator.h"
+#include "ecx/core/metrics.h"
 
 namespace ecx::python {
 namespace {

@@ -222,7 +222,6 @@ Result<UcxOptions> ucx_options_from_config(const Config& config, std::shared_ptr
   return ucx;
 }
 
-
 Result<std::unique_ptr<Transport>> create_ucx_transport(UcxOptions options) {
   auto transport = std::make_unique<UcxTransport>(std::move(options));
   ECX_RETURN_IF_ERROR(transport->start());

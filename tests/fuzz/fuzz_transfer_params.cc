@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ecx/core/ids.h"
-#include "ecx/connector/scheduler/transfer_params.h"
 #include "connector/scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/transfer_params.h"
+#include "ecx/core/ids.h"
 
 namespace {
 

@@ -18,12 +18,12 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "connector/scheduler/transfer_params_json.h"
 #include "core/logging.h"
-#include "ecx/pool/slab.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/worker/scheduler_links.h"
 #include "ecx/connector/worker/worker_coordinator.h"
-#include "connector/scheduler/transfer_params_json.h"
+#include "ecx/pool/slab.h"
 
 namespace ecx::sim {
 namespace {

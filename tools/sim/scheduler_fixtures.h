@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "ecx/connector/scheduler/coordinator.h"
 #include "connector/scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/coordinator.h"
 
 namespace ecx::scheduler::bench {
 

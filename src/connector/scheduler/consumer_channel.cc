@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/ids.h"
 #include "connector/scheduler/bounded_executor.h"
+#include "ecx/core/ids.h"
 
 namespace ecx::scheduler {
 namespace {

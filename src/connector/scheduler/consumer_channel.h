@@ -15,11 +15,11 @@
 #include <string_view>
 #include <vector>
 
-#include "ecx/core/clock.h"
+#include "connector/scheduler/coordinator_common.h"
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_table.h"
-#include "connector/scheduler/coordinator_common.h"
+#include "ecx/core/clock.h"
 
 namespace ecx::scheduler {
 

@@ -17,14 +17,14 @@
 #include <utility>
 #include <vector>
 
-#include "ecx/core/clock.h"
+#include "connector/scheduler/consumer_channel.h"
+#include "connector/scheduler/coordinator_common.h"
+#include "connector/scheduler/request_failures.h"
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_table.h"
 #include "ecx/connector/scheduler/types.h"
-#include "connector/scheduler/consumer_channel.h"
-#include "connector/scheduler/coordinator_common.h"
-#include "connector/scheduler/request_failures.h"
+#include "ecx/core/clock.h"
 
 namespace ecx::scheduler {
 

@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ecx/connector/scheduler/coordinator.h"
-#include "ecx/connector/scheduler/types.h"
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/request_failures.h"
+#include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler {
 

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "ecx/connector/scheduler/types.h"
 #include "connector/scheduler/coordinator_common.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler {
 

@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
-#include "ecx/core/ids.h"
-#include "ecx/connector/scheduler/types.h"
 #include "connector/scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/types.h"
+#include "ecx/core/ids.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ecx/core/status.h"
 #include "ecx/connector/scheduler/transfer_params.h"
 #include "ecx/connector/scheduler/types.h"
+#include "ecx/core/status.h"
 
 namespace ecx::scheduler {
 

@@ -329,7 +329,8 @@ Result<std::unique_ptr<MooncakeTransport>> create_mooncake_transport(MooncakeOpt
     return fail(unavailable("mooncake: RDMA topology discovery failed (no usable RDMA device?)"));
   }
   if (fn.install_transport(engine, protocol->name.c_str(), nullptr) == nullptr) {
-    return fail(unavailable(fmt::format("mooncake: installing the {} transport failed (its log says why)", protocol->name)));
+    return fail(
+        unavailable(fmt::format("mooncake: installing the {} transport failed (its log says why)", protocol->name)));
   }
   char name[256] = {};
   if (fn.local_ip_and_port(engine, name, sizeof(name)) != 0 || name[0] == '\0') {

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include "fake_collaborators.h"
 #include "connector/scheduler/consumer_channel.h"
 #include "connector/scheduler/request_failures.h"
+#include "fake_collaborators.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "connector/scheduler/transfer_params_json.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_params.h"
 #include "fake_collaborators.h"
-#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::testing {
 

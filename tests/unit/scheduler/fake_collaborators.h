@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "connector/scheduler/transfer_params_json.h"
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
-#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler::testing {
 

@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "fake_collaborators.h"
 #include "connector/scheduler/request_failures.h"
+#include "fake_collaborators.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "ecx/connector/scheduler/types.h"
 #include "connector/scheduler/transfer_params_json.h"
+#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::scheduler {
 namespace {

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../control/control_test_util.h"
+#include "ecx/connector/worker/scheduler_links.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
-#include "ecx/connector/worker/scheduler_links.h"
 
 namespace ecx::worker {
 namespace {

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ecx/core/config.h"
 #include "ecx/connector/worker/worker_coordinator.h"
+#include "ecx/core/config.h"
 #include "sim/process.h"
 
 namespace ecx::worker {

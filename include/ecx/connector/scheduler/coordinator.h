@@ -19,12 +19,12 @@
 #include <string_view>
 #include <vector>
 
-#include "ecx/core/clock.h"
-#include "ecx/core/config.h"
-#include "ecx/core/dtype.h"
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/transfer_table.h"
 #include "ecx/connector/scheduler/types.h"
+#include "ecx/core/clock.h"
+#include "ecx/core/config.h"
+#include "ecx/core/dtype.h"
 
 namespace ecx::scheduler {
 

@@ -33,10 +33,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "ecx/core/clock.h"
-#include "ecx/core/status.h"
 #include "ecx/connector/scheduler/table_storage.h"
 #include "ecx/connector/scheduler/types.h"
+#include "ecx/core/clock.h"
+#include "ecx/core/status.h"
 
 namespace ecx::scheduler {
 

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "ecx/core/tensor_spec.h"
 #include "ecx/connector/scheduler/transfer_params.h"
+#include "ecx/core/tensor_spec.h"
 
 namespace ecx::scheduler {
 

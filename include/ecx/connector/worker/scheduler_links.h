@@ -5,11 +5,11 @@
 
 #include <memory>
 
+#include "ecx/connector/scheduler/collaborators.h"
+#include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
-#include "ecx/connector/scheduler/collaborators.h"
-#include "ecx/connector/scheduler/coordinator.h"
 
 namespace ecx::worker {
 

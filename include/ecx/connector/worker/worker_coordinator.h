@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "ecx/connector/scheduler/types.h"
 #include "ecx/consumer/consumer_shard.h"
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/metrics.h"
 #include "ecx/core/status.h"
 #include "ecx/producer/push_engine.h"
-#include "ecx/connector/scheduler/types.h"
 
 namespace ecx::worker {
 
