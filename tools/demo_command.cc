@@ -28,6 +28,7 @@
 #include "ecx/transport/ucx_transport.h"
 #include "sim/engine_sim.h"
 #include "sim/process.h"
+#include "sim/redis_server.h"
 
 namespace ecx::cli {
 namespace {
@@ -63,9 +64,13 @@ struct DemoOptions {
   bool checksum = true;
   std::string json_file;
   bool quiet = false;
+  int encoders = 1;  // producer processes, each serving its share of the requests
+  bool cross_encoder_cache = false;
   // internal (child roles)
   std::string admit;
   std::string consumer;
+  int encoder_index = 0;
+  std::string store_url;
 };
 
 std::atomic<bool> g_stop{false};
@@ -81,6 +86,12 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
   // A soak judges growth: pool pages touched for the first time late in the run (a
   // best-fit allocator reaches the far end of a pool only now and then) are not one.
   if (o.duration_s > 0) extra["prefault"] = true;
+  if (o.cross_encoder_cache && role == Role::producer) {
+    extra["cross_encoder_cache"] = true;
+    extra["store_url"] = o.store_url.empty() ? std::string("redis://127.0.0.1:6379/0") : o.store_url;
+    extra["store_prefix"] = "ecxdemo";
+    extra["store_model"] = "ecx-demo-model@1";
+  }
   json doc{{"ec_role", role_name(role)},    {"ec_ip", "127.0.0.1"},      {"ec_port", o.port},
            {"ec_buffer_size", o.pool_size}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
   ParallelLayout layout;
@@ -137,6 +148,7 @@ int run_consumer(const DemoOptions& o) {
   }
   sim::ConsumerSimOptions options;
   options.config = *config;
+  options.producers = o.encoders;
   options.deadline = seconds_to_duration(o.deadline_s);
   options.on_progress = [](const sim::Progress& p) { std::cout << progress_json(p).dump() << std::endl; };
   auto consumer = sim::ConsumerSim::start(std::move(options));
@@ -181,6 +193,8 @@ int run_producer(const DemoOptions& o) {
   // One long-lived producer runs round after round for --duration (a soak), so its
   // RSS is that of one encoder instance, and the consumer sees one "done".
   options.workload = workload_of(o, 0);
+  options.encoder_index = o.encoder_index;
+  options.encoder_count = o.encoders;
   options.run_for = seconds_to_duration(o.duration_s);
   auto r = sim::run_producer(options, &g_stop);
   if (!r) {
@@ -194,6 +208,18 @@ int run_producer(const DemoOptions& o) {
                    {"failed_saves", r->failed_saves},
                    {"retry_afters", r->retry_afters},
                    {"rounds", r->rounds},
+                   {"encoder_runs", r->encoder_runs},
+                   {"cross_encoder_lookups", r->store_lookups},
+                   {"cross_encoder_hits", r->store_hits},
+                   {"store_loads", r->store.loads},
+                   {"store_load_failures", r->store.load_failures},
+                   {"store_bytes_loaded", r->store.bytes_loaded},
+                   {"store_published", r->store.published},
+                   {"store_bytes_published", r->store.bytes_published},
+                   {"store_publish_dropped", r->store.publish_dropped},
+                   {"store_publish_failed", r->store.publish_failed},
+                   {"store_errors", r->store.store_errors},
+                   {"store_rejected", r->store.rejected},
                    {"wall_s", r->wall_s}};
   std::cout << total.dump() << std::endl;
   return 0;
@@ -396,16 +422,28 @@ int run_demo(const DemoOptions& options) {
                                      std::to_string(o.port),
                                      o.checksum ? "--checksum" : "--no-checksum"};
     if (o.log_sizes) argv.emplace_back("--log-sizes");
+    argv.insert(argv.end(), {"--encoders", std::to_string(o.encoders)});
     if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
     argv.insert(argv.end(), {"--transport", std::string(data_link_name(o.transport))});
     argv.insert(argv.end(), {"--ucx-mode", o.ucx_mode});
     return argv;
   };
   const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
+  // The cross-encoder cache's store: a redis-server of the demo's own on loopback.
+  std::optional<sim::RedisServer> redis;
+  if (o.cross_encoder_cache) {
+    auto started = sim::RedisServer::start();
+    if (!started) {
+      std::cerr << "ecx demo: --cross-encoder-cache needs a redis-server: " << started.status().message() << "\n";
+      return 1;
+    }
+    redis.emplace(std::move(*started));
+    std::cout << fmt::format("ecx demo: cross-encoder cache on {} (started for the demo)\n", redis->url());
+  }
   std::cout << fmt::format(
-      "ecx demo: consumer (TP={}) and producer on 127.0.0.1 over {} | {} requests of {}-{} images, "
+      "ecx demo: consumer (TP={}) and {} on 127.0.0.1 over {} | {} requests of {}-{} images, "
       "{}-{} tokens x {} bf16, {:.0f}% repeated | pools {} | checksums {}\n",
-      o.tp,
+      o.tp, o.encoders == 1 ? std::string("producer") : fmt::format("{} producers", o.encoders),
       uses_ucx(o.transport) ? fmt::format("UCX {} ({})", data_link_name(o.transport), o.ucx_mode)
                             : std::string("Mooncake tcp"),
       o.requests, o.min_images, o.max_images, o.min_tokens, o.max_tokens, o.hidden, o.repeat * 100, o.pool_size,
@@ -427,16 +465,32 @@ int run_demo(const DemoOptions& options) {
     std::cerr << "ecx demo: the consumer did not start (see its messages above)\n";
     return 1;
   }
-  auto argv = common("producer");
-  argv.insert(argv.end(), {"--admit", ready->at("admit").get<std::string>(), "--consumer",
-                           ready->at("control").get<std::string>()});
-  auto producer = sim::ChildProcess::spawn(argv, env);
-  if (!producer) {
-    std::cerr << "ecx demo: " << producer.status().message() << "\n";
-    return 1;
+  std::vector<sim::ChildProcess> producers;
+  for (int e = 0; e < o.encoders; ++e) {
+    auto argv = common("producer");
+    argv.insert(argv.end(), {"--admit", ready->at("admit").get<std::string>(), "--consumer",
+                             ready->at("control").get<std::string>(), "--encoder-index", std::to_string(e)});
+    if (redis) argv.insert(argv.end(), {"--cross-encoder-cache", "--store-url", redis->url()});
+    auto producer = sim::ChildProcess::spawn(argv, env);
+    if (!producer) {
+      std::cerr << "ecx demo: " << producer.status().message() << "\n";
+      return 1;
+    }
+    producers.push_back(std::move(*producer));
   }
+  auto producers_rss = [&] {
+    std::uint64_t sum = 0;
+    for (const auto& p : producers) sum += rss_of(p.pid());
+    return sum;
+  };
+  auto all_ended = [&] {
+    return std::all_of(producers.begin(), producers.end(), [](const sim::ChildProcess& p) { return p.eof(); });
+  };
   std::optional<json> consumer_result;
-  std::optional<json> producer_result;
+  std::vector<std::optional<json>> producer_results(producers.size());
+  auto producers_answered = [&] {
+    return std::all_of(producer_results.begin(), producer_results.end(), [](const auto& r) { return r.has_value(); });
+  };
   std::vector<json> samples;
   const double sample_interval =
       o.sample_interval_s > 0 ? o.sample_interval_s : std::clamp(o.duration_s / 120, 1.0, 30.0);
@@ -444,13 +498,13 @@ int run_demo(const DemoOptions& options) {
     if (!samples.empty() && progress.value("elapsed_s", 0.0) < samples.back().value("t_s", 0.0) + sample_interval) {
       return;
     }
-    samples.push_back(soak_sample(progress, rss_of(producer->pid())));
+    samples.push_back(soak_sample(progress, producers_rss()));
   };
   const auto deadline = std::chrono::steady_clock::now() + seconds_to_duration(o.deadline_s + 60);
-  while ((!consumer_result || !producer_result) && std::chrono::steady_clock::now() < deadline) {
+  while ((!consumer_result || !producers_answered()) && std::chrono::steady_clock::now() < deadline) {
     if (g_stop.load()) {
       consumer->signal(SIGINT);
-      producer->signal(SIGINT);
+      for (const auto& p : producers) p.signal(SIGINT);
     }
     if (!consumer_result) {
       if (auto line = consumer->read_line(std::chrono::milliseconds(100))) {
@@ -466,29 +520,49 @@ int run_demo(const DemoOptions& options) {
         break;
       }
     }
-    if (!producer_result && !producer->eof()) {
-      if (auto line = producer->read_line(std::chrono::milliseconds(1))) {
+    for (std::size_t e = 0; e < producers.size(); ++e) {
+      if (producer_results[e] || producers[e].eof()) continue;
+      if (auto line = producers[e].read_line(std::chrono::milliseconds(1))) {
         auto doc = json::parse(*line, nullptr, false);
-        if (!doc.is_discarded() && doc.value("event", "") == "result") producer_result = doc;
+        if (!doc.is_discarded() && doc.value("event", "") == "result") producer_results[e] = doc;
       }
     }
-    if (consumer_result && producer->eof()) break;  // the producer ended (its summary, if any, was read)
+    if (consumer_result && all_ended()) break;  // the producers ended (their summaries, if any, were read)
   }
   if (tty) std::cout << "\n";
-  // The last picture, from the consumer's own final figures. A producer that has
-  // already exited keeps its last RSS reading.
+  // The last picture, from the consumer's own final figures. Producers that have
+  // already exited keep their last RSS reading.
   if (consumer_result) {
-    auto producer_rss = rss_of(producer->pid());
+    auto producer_rss = producers_rss();
     if (producer_rss == 0 && !samples.empty())
       producer_rss = samples.back().value("producer_rss_bytes", std::uint64_t{0});
     samples.push_back(soak_sample(*consumer_result, producer_rss));
   }
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
-  const auto producer_exit = producer->wait(std::chrono::seconds(30));
+  std::optional<int> producer_exit = 0;
+  for (auto& p : producers) {
+    const auto exit = p.wait(std::chrono::seconds(30));
+    if (!exit || *exit != 0) producer_exit = exit ? exit : std::optional<int>();
+  }
   if (!consumer_result) {
     std::cerr << "ecx demo: the consumer ended without a summary (exit " << consumer_exit.value_or(-1) << ")\n";
     return 1;
   }
+  // The producers' figures, summed.
+  std::optional<json> producer_result;
+  for (const auto& r : producer_results) {
+    if (!r) continue;
+    if (!producer_result) {
+      producer_result = *r;
+      continue;
+    }
+    for (const auto& [key, value] : r->items()) {
+      if (value.is_number_unsigned() && (*producer_result)[key].is_number_unsigned()) {
+        (*producer_result)[key] = (*producer_result)[key].get<std::uint64_t>() + value.get<std::uint64_t>();
+      }
+    }
+  }
+  if (producer_result && !producers_answered()) producer_result.reset();  // a producer ended without its figures
   const auto& r = *consumer_result;
   std::vector<double> ttr = r.value("time_to_ready_ms", std::vector<double>{});
   const double wall = r.value("wall_s", 0.0);
@@ -516,6 +590,10 @@ int run_demo(const DemoOptions& options) {
                {"producer_failed_saves", producer_result ? producer_result->value("failed_saves", 0ULL) : 0ULL},
                {"producer_retry_afters", producer_result ? producer_result->value("retry_afters", 0ULL) : 0ULL},
                {"tp", o.tp},
+               {"encoders", o.encoders},
+               {"cross_encoder_cache", o.cross_encoder_cache},
+               {"images_requested", producer_result ? producer_result->value("items", 0ULL) : 0ULL},
+               {"encoder_runs", producer_result ? producer_result->value("encoder_runs", 0ULL) : 0ULL},
                {"transport", data_link_name(o.transport)},
                {"ucx_mode", uses_ucx(o.transport) ? o.ucx_mode : ""},
                {"consumer_exit", consumer_exit.value_or(-1)},
@@ -524,6 +602,18 @@ int run_demo(const DemoOptions& options) {
                       summary["leaked_pool_bytes"] == 0 && summary["checksum_mismatches"] == 0 &&
                       summary["content_mismatches"] == 0 && summary["invariant_error"].get<std::string>().empty() &&
                       consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
+  if (o.cross_encoder_cache && producer_result) {
+    const auto lookups = producer_result->value("cross_encoder_lookups", 0ULL);
+    const auto hits = producer_result->value("cross_encoder_hits", 0ULL);
+    summary["cross_encoder_lookups"] = lookups;
+    summary["cross_encoder_hits"] = hits;
+    summary["cross_encoder_hit_rate"] = lookups > 0 ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
+    for (const char* key : {"store_loads", "store_load_failures", "store_bytes_loaded", "store_published",
+                            "store_bytes_published", "store_publish_dropped", "store_publish_failed", "store_errors",
+                            "store_rejected"}) {
+      summary[key] = producer_result->value(key, 0ULL);
+    }
+  }
   const bool soak_run = o.duration_s > 0;
   json soak = evaluate_soak(samples, o);
   summary["samples"] = samples;
@@ -554,6 +644,18 @@ int run_demo(const DemoOptions& options) {
   const bool consistent = summary["invariant_error"].get<std::string>().empty();
   row("pool bookkeeping", consistent ? "consistent" : "INCONSISTENT", mark(consistent));
   row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
+  row("images encoded", fmt::format("{} of {}", summary["encoder_runs"].get<std::uint64_t>(),
+                                    summary["images_requested"].get<std::uint64_t>()),
+      o.encoders > 1 ? fmt::format("({} encoders)", o.encoders) : std::string());
+  if (summary.contains("cross_encoder_hits")) {
+    row("cross-encoder cache hits",
+        fmt::format("{} / {}", summary["cross_encoder_hits"].get<std::uint64_t>(),
+                    summary["cross_encoder_lookups"].get<std::uint64_t>()),
+        fmt::format("hit rate {:.1f}%, {} loaded, {} load failures, {} published, {} not published",
+                    100 * summary["cross_encoder_hit_rate"].get<double>(), format_bytes(summary["store_bytes_loaded"].get<std::uint64_t>()),
+                    summary["store_load_failures"].get<std::uint64_t>(), summary["store_published"].get<std::uint64_t>(),
+                    summary["store_publish_dropped"].get<std::uint64_t>()));
+  }
   row("wall time", fmt::format("{:.1f} s", wall));
   if (soak_run) {
     row("producer rounds", std::to_string(producer_result ? producer_result->value("rounds", 0ULL) : 0ULL));
@@ -623,6 +725,13 @@ void add_demo_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   demo->add_flag("--log-sizes", o->log_sizes, "draw token counts log-uniformly (many small images, few large)");
   demo->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
+  demo->add_option("--encoders", o->encoders, "producer (encoder) processes, requests shared round robin")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
+  demo->add_flag("--cross-encoder-cache", o->cross_encoder_cache,
+                 "encoders share outputs through a redis-server the demo starts on loopback");
+  demo->add_option("--encoder-index", o->encoder_index, "internal: this producer's index")->group("");
+  demo->add_option("--store-url", o->store_url, "internal: the store of the cross-encoder cache")->group("");
   add_data_link_option(demo, o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)");
   demo->add_option("--ucx-mode", o->ucx_mode, "UCX protocol (ucx_mode): am, or put (one-sided put + flush)")
       ->capture_default_str()

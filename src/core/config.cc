@@ -359,8 +359,36 @@ const std::vector<KeySpec>& key_table() {
           "config.",
           set_integer(&Config::encoder_output_width, 0, 1 << 24));
     extra("cross_encoder_cache", "boolean", "false",
-          "Producer: also offer items found in the engine's own encoder cache for storing (store candidates).",
+          "Producer: share encoder outputs with other encoders through the embedding store (store_url): items in the "
+          "store are loaded instead of encoded, computed images are published best effort. Needs store_url and "
+          "store_model.",
           set_bool(&Config::cross_encoder_cache));
+    extra("store_url", "string", "\"\"",
+          "The embedding store of the cross-encoder cache: redis://[:password@]host[:port][/db] (port 6379, db 0 by "
+          "default). Run Redis with a memory limit and an LRU policy, and notify-keyspace-events K$gxe so encoders "
+          "learn of each other's entries without asking.",
+          set_string(&Config::store_url));
+    extra("store_prefix", "string", "ecx", "First part of every store key: one per cluster or tenant sharing a store.",
+          set_string(&Config::store_prefix));
+    extra("store_model", "string", "\"\"",
+          "Model identity store entries are filed under, e.g. Qwen/Qwen2.5-VL-7B-Instruct@<revision>; an entry of "
+          "another identity is never used. The vLLM connector defaults it to the served model and its revision.",
+          set_string(&Config::store_model));
+    extra("store_ttl_s", "seconds", "3600", "Store entries expire this long after they were written.",
+          set_seconds(&Config::store_ttl_s));
+    extra("store_io_timeout_s", "seconds", "0.5",
+          "Longest one store round trip may take; a slow or stalled store costs a lookup or load this long, then the "
+          "item is encoded.",
+          set_seconds(&Config::store_io_timeout_s));
+    extra("store_max_pending_items", "integer", "32",
+          "Computed outputs waiting to be published at most; beyond it (or store_max_pending_bytes) an output is not "
+          "published (counted).",
+          set_integer(&Config::store_max_pending_items, 1, 1 << 20));
+    extra("store_max_pending_bytes", "bytes", "2GiB", "Bytes of computed outputs waiting to be published at most.",
+          set_bytes(&Config::store_max_pending_bytes, 1, kMaxBytes));
+    extra("store_presence_max", "integer", "1000000",
+          "mm_hashes a producer's scheduler remembers as present in the store (oldest forgotten first).",
+          set_integer(&Config::store_presence_max, 1, std::int64_t{1} << 32));
     extra("log_level", "enum", "info",
           "Log level of ECX's loggers (ECX_LOG_LEVEL overrides): trace, debug, info, warn, error, critical, off.",
           set_enum(&Config::log_level, {"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}));
@@ -538,6 +566,16 @@ Result<Config> parse_config(std::string_view json_text, const ParallelLayout& la
     return invalid_argument(fmt::format("{}.max_tensor_bytes ({}) exceeds ec_buffer_size ({})", kExtra,
                                         config.max_tensor_bytes, config.buffer_size));
   }
+  if (config.cross_encoder_cache && config.is_producer()) {
+    if (config.store_url.empty()) {
+      return invalid_argument(fmt::format(
+          "{0}.cross_encoder_cache needs {0}.store_url (redis://host:port/db): the store encoders share", kExtra));
+    }
+    if (config.store_model.empty()) {
+      return invalid_argument(fmt::format(
+          "{0}.cross_encoder_cache needs {0}.store_model: the model identity store entries are filed under", kExtra));
+    }
+  }
   if (auto level = log::parse_level(config.log_level)) log::set_level(*level);
   return config;
 }
@@ -588,6 +626,11 @@ std::string describe_config(const Config& c) {
        fmt::format("control {} s, push wait {} s, reservation ttl {} s, shutdown drain {} s", c.control_timeout_s,
                    c.push_wait_timeout_s, c.reservation_ttl_s, c.shutdown_drain_timeout_s));
   line("checksum", c.checksum ? "on (xxHash64)" : "off");
+  if (c.cross_encoder_cache) {
+    const auto at = c.store_url.rfind('@');  // never print a password
+    line("store", fmt::format("{} as {}:{}, ttl {} s", at == std::string::npos ? c.store_url : "redis://***" + c.store_url.substr(at),
+                              c.store_prefix, c.store_model, c.store_ttl_s));
+  }
   line("auth", c.auth_secret.empty() ? "off" : "shared secret");
   line("metrics",
        c.metrics_port == 0 ? std::string("off") : fmt::format("http://{}:{}/metrics", c.ec_ip, c.metrics_port));

@@ -39,6 +39,12 @@ bool Publisher::offer(std::string mm_hash, TensorSpec spec, std::vector<std::byt
   return true;
 }
 
+bool Publisher::has_room(std::uint64_t nbytes) const {
+  std::lock_guard lock(mutex_);
+  return !stopping_ && counters_.pending_items + 1 <= options_.max_pending_items &&
+         counters_.pending_bytes + nbytes <= options_.max_pending_bytes;
+}
+
 bool Publisher::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   return changed_.wait_for(lock, timeout, [&] { return pending_.empty() && !writing_; });

@@ -23,6 +23,7 @@
 
 #include "core/logging.h"
 #include "ecx/store/embedding_store.h"
+#include "ecx/store/presence_index.h"
 #include "store/entry_format.h"
 
 namespace ecx::store {
@@ -80,6 +81,123 @@ constexpr std::size_t kRecvChunk = std::size_t{1} << 18;
 // shape are far below 64 KiB); anything else brings short replies.
 constexpr std::uint64_t kEntryOverheadBytes = std::uint64_t{64} << 10;
 constexpr std::uint64_t kSmallReplyBytes = std::uint64_t{1} << 20;
+
+
+// Waits until `fd` is ready for `events` or the deadline passes (timeout). With a
+// manual clock the deadline never moves, so each wait then lasts until the deadline
+// measured when it started, at most.
+Status wait_ready(int fd, short events, const Clock& clock, TimePoint deadline) {
+  for (;;) {
+    const auto left = deadline - clock.now();
+    if (left <= Duration::zero()) return timeout_error("deadline passed");
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(ms, 1'000'000)));
+    if (rc > 0) return Status::ok();  // ready, or an error the next send/recv reports
+    if (rc == 0) return timeout_error("deadline passed");
+    if (errno != EINTR) return unavailable(fmt::format("poll: {}", errno_text(errno)));
+  }
+}
+
+Status send_commands(redisContext& c, std::span<const Command> commands, const Clock& clock, TimePoint deadline) {
+  std::deque<std::string> framing;
+  std::vector<iovec> iov = frame(commands, framing);
+  std::size_t next = 0;
+  while (next < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = &iov[next];
+    msg.msg_iovlen = std::min(iov.size() - next, kMaxIovPerSend);
+    const ssize_t n = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (Status s = wait_ready(c.fd, POLLOUT, clock, deadline); !s) return s;
+        continue;
+      }
+      return unavailable(fmt::format("send: {}", errno_text(errno)));
+    }
+    auto sent = static_cast<std::size_t>(n);
+    while (next < iov.size() && sent >= iov[next].iov_len) sent -= iov[next++].iov_len;
+    if (sent > 0) {
+      iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + sent;
+      iov[next].iov_len -= sent;
+    }
+  }
+  return Status::ok();
+}
+
+// The next reply, read within the deadline; `received` counts the bytes read for it
+// and the replies before it (at most max_reply_bytes in all). A timeout leaves the
+// reader consistent: what arrived is kept for the next call.
+Result<ReplyPtr> read_reply(redisContext& c, const Clock& clock, TimePoint deadline, std::uint64_t& received,
+                            std::uint64_t max_reply_bytes, std::vector<char>& buffer) {
+  for (;;) {
+    void* raw = nullptr;
+    if (redisReaderGetReply(c.reader, &raw) != REDIS_OK) {
+      return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
+    }
+    if (raw != nullptr) return ReplyPtr(static_cast<redisReply*>(raw));
+    const ssize_t n = ::recv(c.fd, buffer.data(), buffer.size(), 0);
+    if (n > 0) {
+      received += static_cast<std::uint64_t>(n);
+      if (received > max_reply_bytes) {
+        return protocol_error(fmt::format("reply is longer than the {} bytes expected", max_reply_bytes));
+      }
+      if (redisReaderFeed(c.reader, buffer.data(), static_cast<std::size_t>(n)) != REDIS_OK) {
+        return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
+      }
+    } else if (n == 0) {
+      return unavailable("the server closed the connection");
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (Status s = wait_ready(c.fd, POLLIN, clock, deadline); !s) return s;
+    } else if (errno != EINTR) {
+      return unavailable(fmt::format("recv: {}", errno_text(errno)));
+    }
+  }
+}
+
+// Sends every command and reads every reply within the deadline.
+Result<std::vector<ReplyPtr>> redis_exchange(redisContext& c, std::span<const Command> commands, const Clock& clock,
+                                             TimePoint deadline, std::uint64_t max_reply_bytes,
+                                             std::vector<char>& buffer) {
+  if (Status s = send_commands(c, commands, clock, deadline); !s) return s;
+  std::vector<ReplyPtr> replies;
+  replies.reserve(commands.size());
+  std::uint64_t received = 0;
+  while (replies.size() < commands.size()) {
+    auto r = read_reply(c, clock, deadline, received, max_reply_bytes, buffer);
+    if (!r) return r.status();
+    replies.push_back(std::move(*r));
+  }
+  return replies;
+}
+
+// Connects (bounded by connect_timeout_s), makes the socket non-blocking, and
+// authenticates and selects the database.
+Result<ContextPtr> open_connection(const RedisOptions& o, const Clock& clock, std::vector<char>& buffer) {
+  ContextPtr c(redisConnectWithTimeout(o.host.c_str(), o.port, to_timeval(o.connect_timeout_s)));
+  if (!c || c->err != 0) return unavailable(c ? std::string(c->errstr) : std::string("out of memory"));
+  const int flags = ::fcntl(c->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return unavailable(fmt::format("cannot make the socket non-blocking: {}", errno_text(errno)));
+  }
+  std::vector<Command> hello;
+  if (!o.password.empty()) hello.push_back(Command{}.arg("AUTH").arg(o.password));
+  const std::string db = std::to_string(o.database);
+  if (o.database != 0) hello.push_back(Command{}.arg("SELECT").arg(db));
+  if (hello.empty()) return c;
+  auto replies =
+      redis_exchange(*c, hello, clock, clock.now() + seconds_to_duration(o.io_timeout_s), kSmallReplyBytes, buffer);
+  if (!replies) return replies.status();
+  for (std::size_t i = 0; i < replies->size(); ++i) {
+    if ((*replies)[i]->type == REDIS_REPLY_ERROR) {
+      return unavailable(fmt::format("{} refused: {}", hello[i].args[0].head, (*replies)[i]->str));
+    }
+  }
+  return c;
+}
+
+std::string describe_redis(const RedisOptions& o) { return fmt::format("redis tcp://{}:{}/{}", o.host, o.port, o.database); }
 
 class RedisStore final : public EmbeddingStore {
  public:
@@ -193,7 +311,7 @@ class RedisStore final : public EmbeddingStore {
     return counters_;
   }
 
-  std::string describe() const override { return fmt::format("redis tcp://{}:{}/{}", o_.host, o_.port, o_.database); }
+  std::string describe() const override { return describe_redis(o_); }
 
  private:
   // Sends every command and reads every reply within one io_timeout_s; on any failure
@@ -208,76 +326,9 @@ class RedisStore final : public EmbeddingStore {
     return replies;
   }
 
-  // Waits until `fd` is ready for `events` or the deadline passes (timeout). With a
-  // manual clock the deadline never moves, so each wait then lasts io_timeout_s at most.
-  Status wait_for(int fd, short events, TimePoint deadline) const {
-    for (;;) {
-      const auto left = deadline - clock_->now();
-      if (left <= Duration::zero()) return timeout_error("deadline passed");
-      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-      pollfd p{fd, events, 0};
-      const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(ms, 1'000'000)));
-      if (rc > 0) return Status::ok();  // ready, or an error the next send/recv reports
-      if (rc == 0) return timeout_error("deadline passed");
-      if (errno != EINTR) return unavailable(fmt::format("poll: {}", errno_text(errno)));
-    }
-  }
-
   Result<std::vector<ReplyPtr>> exchange(redisContext& c, std::span<const Command> commands, TimePoint deadline,
                                          std::uint64_t max_reply_bytes) {
-    std::deque<std::string> framing;
-    std::vector<iovec> iov = frame(commands, framing);
-    std::size_t next = 0;
-    while (next < iov.size()) {
-      msghdr msg{};
-      msg.msg_iov = &iov[next];
-      msg.msg_iovlen = std::min(iov.size() - next, kMaxIovPerSend);
-      const ssize_t n = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          if (Status s = wait_for(c.fd, POLLOUT, deadline); !s) return s;
-          continue;
-        }
-        return unavailable(fmt::format("send: {}", errno_text(errno)));
-      }
-      auto sent = static_cast<std::size_t>(n);
-      while (next < iov.size() && sent >= iov[next].iov_len) sent -= iov[next++].iov_len;
-      if (sent > 0) {
-        iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + sent;
-        iov[next].iov_len -= sent;
-      }
-    }
-    std::vector<ReplyPtr> replies;
-    replies.reserve(commands.size());
-    std::uint64_t received = 0;
-    while (replies.size() < commands.size()) {
-      void* raw = nullptr;
-      if (redisReaderGetReply(c.reader, &raw) != REDIS_OK) {
-        return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
-      }
-      if (raw != nullptr) {
-        replies.emplace_back(static_cast<redisReply*>(raw));
-        continue;
-      }
-      const ssize_t n = ::recv(c.fd, recv_buffer_.data(), recv_buffer_.size(), 0);
-      if (n > 0) {
-        received += static_cast<std::uint64_t>(n);
-        if (received > max_reply_bytes) {
-          return protocol_error(fmt::format("reply is longer than the {} bytes expected", max_reply_bytes));
-        }
-        if (redisReaderFeed(c.reader, recv_buffer_.data(), static_cast<std::size_t>(n)) != REDIS_OK) {
-          return protocol_error(fmt::format("unreadable reply: {}", c.reader->errstr));
-        }
-      } else if (n == 0) {
-        return unavailable("the server closed the connection");
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (Status s = wait_for(c.fd, POLLIN, deadline); !s) return s;
-      } else if (errno != EINTR) {
-        return unavailable(fmt::format("recv: {}", errno_text(errno)));
-      }
-    }
-    return replies;
+    return redis_exchange(c, commands, *clock_, deadline, max_reply_bytes, recv_buffer_);
   }
 
   Status connect() {
@@ -288,36 +339,14 @@ class RedisStore final : public EmbeddingStore {
       return unavailable(fmt::format("{} is unreachable ({}); next attempt in {:.0f} ms", describe(), last_error_,
                                      std::chrono::duration<double, std::milli>(retry_at_ - now).count()));
     }
-    ContextPtr c(redisConnectWithTimeout(o_.host.c_str(), o_.port, to_timeval(o_.connect_timeout_s)));
-    if (!c || c->err != 0) {
-      last_error_ = c ? c->errstr : "out of memory";
+    auto c = open_connection(o_, *clock_, recv_buffer_);
+    if (!c) {
+      last_error_ = c.status().message();
       return down(unavailable(fmt::format("cannot connect to {}: {}", describe(), last_error_)));
-    }
-    const int flags = ::fcntl(c->fd, F_GETFL);
-    if (flags < 0 || ::fcntl(c->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-      last_error_ = errno_text(errno);
-      return down(unavailable(fmt::format("cannot make the socket to {} non-blocking: {}", describe(), last_error_)));
-    }
-    std::vector<Command> hello;
-    if (!o_.password.empty()) hello.push_back(Command{}.arg("AUTH").arg(o_.password));
-    const std::string db = std::to_string(o_.database);
-    if (o_.database != 0) hello.push_back(Command{}.arg("SELECT").arg(db));
-    if (!hello.empty()) {
-      auto replies = exchange(*c, hello, clock_->now() + seconds_to_duration(o_.io_timeout_s), kSmallReplyBytes);
-      Status s = replies.status();
-      for (std::size_t i = 0; s && i < replies->size(); ++i) {
-        if ((*replies)[i]->type == REDIS_REPLY_ERROR) {
-          s = unavailable(fmt::format("{} refused by {}: {}", hello[i].args[0].head, describe(), (*replies)[i]->str));
-        }
-      }
-      if (!s) {
-        last_error_ = s.message();
-        return down(unavailable(fmt::format("cannot open {}: {}", describe(), s.message())));
-      }
     }
     if (was_down_) log_->info("{} reachable again", describe());
     was_down_ = false;
-    context_ = std::move(c);
+    context_ = std::move(*c);
     return Status::ok();
   }
 
@@ -368,9 +397,126 @@ class RedisStore final : public EmbeddingStore {
   std::vector<char> recv_buffer_ = std::vector<char>(kRecvChunk);
 };
 
+
+// Redis keyspace notifications for one key space, on a connection of its own (a
+// subscribed connection can do nothing else). Its waits are real time: it runs on a
+// background thread that must notice stop requests whatever the injected clock does.
+class RedisFeed final : public PresenceFeed {
+ public:
+  explicit RedisFeed(RedisOptions options)
+      : o_(std::move(options)),
+        channel_prefix_(fmt::format("__keyspace@{}__:{}:{}:", o_.database, o_.keys.prefix, o_.keys.model)) {}
+
+  Result<std::optional<PresenceEvent>> next(std::chrono::milliseconds wait) override {
+    if (!context_) {
+      if (Status s = subscribe(); !s) return s;
+      return std::optional<PresenceEvent>(PresenceEvent{PresenceEvent::Kind::resync, {}});
+    }
+    std::uint64_t received = 0;
+    auto reply = read_reply(*context_, clock_, clock_.now() + wait, received, kSmallReplyBytes, buffer_);
+    if (!reply) {
+      if (reply.status().code() == StatusCode::timeout) return std::optional<PresenceEvent>();
+      return drop(reply.status());
+    }
+    const redisReply& r = **reply;
+    // ["pmessage", pattern, channel, event]
+    if (r.type != REDIS_REPLY_ARRAY) return std::optional<PresenceEvent>();  // RESP2: messages are arrays
+    if (r.elements != 4 || r.element[2]->type != REDIS_REPLY_STRING || r.element[3]->type != REDIS_REPLY_STRING) {
+      return std::optional<PresenceEvent>();
+    }
+    const std::string_view channel(r.element[2]->str, r.element[2]->len);
+    const std::string_view event(r.element[3]->str, r.element[3]->len);
+    if (!channel.starts_with(channel_prefix_)) return std::optional<PresenceEvent>();
+    PresenceEvent e;
+    e.mm_hash = std::string(channel.substr(channel_prefix_.size()));
+    if (event == "set") {
+      e.kind = PresenceEvent::Kind::present;
+    } else if (event == "del" || event == "expired" || event == "evicted" || event == "rename_from" ||
+               event == "getdel" || event == "unlink") {
+      e.kind = PresenceEvent::Kind::gone;
+    } else {
+      return std::optional<PresenceEvent>();  // setrange, expire, ...: presence unchanged
+    }
+    return std::optional<PresenceEvent>(std::move(e));
+  }
+
+  std::string describe() const override { return describe_redis(o_) + " keyspace notifications"; }
+
+ private:
+  Status subscribe() {
+    const TimePoint now = clock_.now();
+    if (now < retry_at_) return unavailable(fmt::format("{} is down: {}", describe(), last_error_));
+    auto c = open_connection(o_, clock_, buffer_);
+    if (!c) return down(c.status());
+    const TimePoint deadline = clock_.now() + seconds_to_duration(o_.io_timeout_s);
+    Command config;
+    config.arg("CONFIG").arg("GET").arg("notify-keyspace-events");
+    auto flags = redis_exchange(**c, {&config, 1}, clock_, deadline, kSmallReplyBytes, buffer_);
+    if (!flags) return down(flags.status());
+    warn_unless_notifying(*flags->front());
+    // The key space's fields hold no ':' or spaces, but may hold glob characters.
+    std::string pattern;
+    for (char ch : channel_prefix_) {
+      if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\') pattern += '\\';
+      pattern += ch;
+    }
+    pattern += '*';
+    Command psubscribe;
+    psubscribe.arg("PSUBSCRIBE").arg(pattern);
+    auto confirmed = redis_exchange(**c, {&psubscribe, 1}, clock_, deadline, kSmallReplyBytes, buffer_);
+    if (!confirmed) return down(confirmed.status());
+    if (confirmed->front()->type == REDIS_REPLY_ERROR) {
+      return down(unavailable(fmt::format("PSUBSCRIBE refused: {}", confirmed->front()->str)));
+    }
+    context_ = std::move(*c);
+    if (was_down_) log_->info("{} connected again", describe());
+    was_down_ = false;
+    return Status::ok();
+  }
+
+  // Keyspace events must be on for sets, deletions, expiries and evictions.
+  void warn_unless_notifying(const redisReply& r) {
+    if (warned_ || r.type != REDIS_REPLY_ARRAY || r.elements != 2 || r.element[1]->type != REDIS_REPLY_STRING) return;
+    const std::string_view flags(r.element[1]->str, r.element[1]->len);
+    const bool all = flags.find('A') != std::string_view::npos;
+    bool ok = flags.find('K') != std::string_view::npos;
+    for (char needed : {'$', 'g', 'x', 'e'}) ok = ok && (all || flags.find(needed) != std::string_view::npos);
+    if (ok) return;
+    warned_ = true;
+    log_->warn(
+        "{} does not send keyspace notifications (notify-keyspace-events is '{}'; set it to 'K$gxe', e.g. "
+        "redis-server --notify-keyspace-events K\\$gxe): encoders learn of each other's entries only by asking, one "
+        "step late",
+        describe_redis(o_), flags);
+  }
+
+  Status down(const Status& why) {
+    context_.reset();
+    last_error_ = why.message();
+    retry_at_ = clock_.now() + seconds_to_duration(o_.reconnect_interval_s);
+    if (!was_down_) log_->warn("{} failed: {}; retrying every {} s", describe(), why.message(), o_.reconnect_interval_s);
+    was_down_ = true;
+    return unavailable(fmt::format("{}: {}", describe(), why.message()));
+  }
+  Status drop(const Status& why) { return down(why); }
+
+  const RedisOptions o_;
+  const std::string channel_prefix_;
+  SteadyClock clock_;
+  std::shared_ptr<spdlog::logger> log_ = ecx::log::get("store");
+  ContextPtr context_;
+  TimePoint retry_at_{};
+  std::string last_error_;
+  bool was_down_ = false;
+  bool warned_ = false;
+  std::vector<char> buffer_ = std::vector<char>(std::size_t{1} << 16);
+};
+
 }  // namespace
 
-Result<std::unique_ptr<EmbeddingStore>> open_redis_store(RedisOptions options) {
+namespace {
+
+Status validate(const RedisOptions& options) {
   if (Status s = options.keys.validate(); !s) return s;
   if (options.host.empty()) return invalid_argument("store host is empty");
   if (options.port <= 0 || options.port > 65535) {
@@ -388,7 +534,19 @@ Result<std::unique_ptr<EmbeddingStore>> open_redis_store(RedisOptions options) {
     return invalid_argument(
         fmt::format("store reconnect_interval_s must be >= 0, got {}", options.reconnect_interval_s));
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EmbeddingStore>> open_redis_store(RedisOptions options) {
+  if (Status s = validate(options); !s) return s;
   return std::unique_ptr<EmbeddingStore>(std::make_unique<RedisStore>(std::move(options)));
+}
+
+Result<std::unique_ptr<PresenceFeed>> open_redis_feed(RedisOptions options) {
+  if (Status s = validate(options); !s) return s;
+  return std::unique_ptr<PresenceFeed>(std::make_unique<RedisFeed>(std::move(options)));
 }
 
 }  // namespace ecx::store

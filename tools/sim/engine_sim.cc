@@ -245,6 +245,7 @@ struct ConsumerSim::State {
   std::vector<std::string> to_free;
   ConsumerResult result;
   bool producer_done = false;
+  int producers_done = 0;
   std::uint64_t expected = 0;
 
   // What one rank did in a step (written by that rank's thread only).
@@ -274,8 +275,9 @@ struct ConsumerSim::State {
         continue;
       }
       if (doc.value("done", false)) {
-        producer_done = true;
-        expected = doc.value("requests", std::uint64_t{0});
+        // Done once every producer said so; the requests expected are all of theirs.
+        expected += doc.value("requests", std::uint64_t{0});
+        producer_done = ++producers_done >= std::max(1, options.producers);
         continue;
       }
       Pending p;
@@ -605,7 +607,17 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
 
 Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atomic<bool>* stop) {
   auto log = ecx::log::get("sim");
-  auto workload = make_workload(o.workload);
+  // This encoder's share of the workload (a proxy's round robin over the encoders).
+  auto share = [&o](std::vector<SimRequest> all) {
+    if (o.encoder_count <= 1) return all;
+    std::vector<SimRequest> mine;
+    for (std::size_t i = static_cast<std::size_t>(o.encoder_index); i < all.size();
+         i += static_cast<std::size_t>(o.encoder_count)) {
+      mine.push_back(std::move(all[i]));
+    }
+    return mine;
+  };
+  auto workload = share(make_workload(o.workload));
   auto coordinator = worker::make_scheduler_coordinator(o.config, o.workload.dtype, o.workload.hidden, o.clock);
   if (!coordinator) return coordinator.status();
   auto& scheduler = **coordinator;
@@ -644,7 +656,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       WorkloadOptions round = o.workload;
       round.seed = o.workload.seed + result.rounds;
       round.id_prefix = fmt::format("{}-r{}", o.workload.id_prefix, result.rounds);
-      workload = make_workload(round);
+      workload = share(make_workload(round));
       next = 0;
       ++result.rounds;
     }
@@ -671,6 +683,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       batch.push_back(&workload[next++]);
     }
     std::vector<scheduler::RequestView> views;
+    // Items the engine does not encode: has_cache_item said another encoder's output
+    // is in the shared store (the cross-encoder cache), so it is loaded instead.
+    std::set<std::string> external;
     for (const auto* r : batch) {
       scheduler::RequestView view;
       view.request_id = r->request_id;
@@ -679,16 +694,46 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       for (const auto& item : r->items) items.push_back({{"transfer_id", item.transfer_id}});
       set_ec_transfer_params(view, json{{"consumer_zmq", o.consumer_address}, {"ec_items", items}});
       (void)scheduler.ensure_cache_available(view, 0);
+      std::set<std::string> asked;
+      for (const auto& item : r->items) {
+        if (!external.contains(item.mm_hash) && asked.insert(item.mm_hash).second &&
+            scheduler.has_cache_item(item.mm_hash)) {
+          external.insert(item.mm_hash);
+        }
+      }
       for (std::size_t i = 0; i < r->items.size(); ++i) scheduler.update_state_after_alloc(view, i);
       views.push_back(std::move(view));
     }
     const auto meta = scheduler.build_connector_meta({});
     worker.start_save_caches(meta);
+    // The store loads land in encoder-cache entries the engine allocates, then are
+    // bound to their pushes like encoded outputs.
+    std::map<std::string, std::vector<std::byte>> loaded_entries;
+    if (!meta.store_loads.empty()) {
+      const auto report = worker.start_load_caches(meta, [&](const scheduler::LoadSpec& load) {
+        auto& entry = loaded_entries[load.mm_hash];
+        entry.resize(load.spec.nbytes());
+        return Result<worker::LoadDestination>(worker::LoadDestination{entry.data(), false, 0});
+      });
+      for (const auto& h : report.loaded) {
+        const auto& entry = loaded_entries[h];
+        if (auto s = worker.save_cache(h, entry.data(), entry.size()); !s) {
+          log->warn("cannot stage {}: {}", h, s.to_string());
+        }
+      }
+      // A failed load is not encoded here either (the engine counted on the store):
+      // its push is abandoned when its request finishes, and the consumer is told.
+    }
     std::vector<std::string> finished;
     for (std::size_t b = 0; b < batch.size(); ++b) {
       std::set<std::string> encoded;
       for (const auto& item : batch[b]->items) {
+        if (external.contains(item.mm_hash)) {
+          result.bytes += item.spec.nbytes();
+          continue;
+        }
         if (!encoded.insert(item.mm_hash).second) continue;  // the engine encodes an item once per request
+        ++result.encoder_runs;
         buffer.resize(item.spec.nbytes());
         const auto t0 = thread_cpu_ns();
         fill_content(item.mm_hash, buffer);
@@ -724,6 +769,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       }
     }
   }
+  (void)worker.wait_published(std::chrono::seconds(2));  // best effort: what is left is dropped, counted
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;
   // Counted from the push engine: a failure after its request finished names no
@@ -740,6 +786,10 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   result.wall_s = duration_to_seconds(o.clock->now() - started);
   scheduler.close();
   worker.shutdown();
+  const auto stats = scheduler.stats();
+  result.store_lookups = stats.store_lookups;
+  result.store_hits = stats.store_hits;
+  result.store = worker.store_counters();
   return result;
 }
 

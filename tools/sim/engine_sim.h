@@ -23,6 +23,7 @@
 
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
+#include "ecx/connector/worker/worker_coordinator.h"
 #include "ecx/core/status.h"
 #include "sim/workload.h"
 
@@ -65,6 +66,7 @@ struct ConsumerResult {
 struct ConsumerSimOptions {
   Config config;  // consumer role; layout.tp_size = ranks run here
   std::string admit_bind = "tcp://127.0.0.1:0";
+  int producers = 1;  // encoders feeding this consumer: done once each said so
   Duration deadline = std::chrono::minutes(10);  // the whole run
   // Once the producer said it is done: how long to wait for the last requests
   // (their pushes may have failed; the scheduler fails them by push_wait_timeout).
@@ -102,6 +104,11 @@ struct ProducerResult {
   std::uint64_t retry_afters = 0;
   std::uint64_t rounds = 0;
   std::uint64_t sim_ns = 0;  // CPU time of the simulator's own work: generating the encoder outputs' content
+  std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
+  // Cross-encoder cache.
+  std::uint64_t store_lookups = 0;  // has_cache_item asked the store's presence index
+  std::uint64_t store_hits = 0;     // answered present: loaded from the store, not encoded
+  worker::StoreWorkerCounters store;
   double wall_s = 0;
 };
 
@@ -110,6 +117,10 @@ struct ProducerSimOptions {
   std::string consumer_address;  // the consumer's base control address
   std::string admit_connect;     // the consumer's admit endpoint
   WorkloadOptions workload;
+  // Of the workload, this encoder serves requests index, index + count, ... (a proxy's
+  // round robin over `count` encoders).
+  int encoder_index = 0;
+  int encoder_count = 1;
   // > 0: after the workload, start another round of it (seed + round, fresh ids) until
   // this much time has passed, in the same producer (a soak of one long-lived encoder).
   Duration run_for{0};

@@ -67,7 +67,16 @@ struct Config {
   std::uint64_t max_tensor_bytes = 0;         // 0 = buffer_size
   std::uint64_t resident_capacity_bytes = 0;  // 0 = buffer_size
   std::int64_t encoder_output_width = 0;      // 0 = from the model config
+  // Cross-encoder cache: encoders share their outputs through an embedding store.
   bool cross_encoder_cache = false;
+  std::string store_url;             // redis://[:password@]host[:port][/db]
+  std::string store_prefix = "ecx";  // first part of every key (one per cluster or tenant)
+  std::string store_model;           // model identity entries are filed under ("<model>@<revision>")
+  double store_ttl_s = 3600;
+  double store_io_timeout_s = 0.5;
+  std::uint64_t store_max_pending_items = 32;
+  std::uint64_t store_max_pending_bytes = std::uint64_t{2} << 30;
+  std::uint64_t store_presence_max = 1'000'000;  // mm_hashes the scheduler remembers as present
   std::string log_level = "info";
   bool huge_pages = true;
   bool mlock = false;

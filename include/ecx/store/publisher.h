@@ -44,6 +44,8 @@ class Publisher {
 
   // Queues one entry; false (and counted) when the bounds are full. Takes the bytes.
   bool offer(std::string mm_hash, TensorSpec spec, std::vector<std::byte> payload);
+  // Whether an entry of `nbytes` would be queued now (so a caller copies only then).
+  bool has_room(std::uint64_t nbytes) const;
   // Until nothing is pending or being written, or `timeout` (real time) passed.
   bool wait_idle(std::chrono::milliseconds timeout);
   PublisherCounters counters() const;

@@ -55,7 +55,14 @@ bool SchedulerCoordinator::has_pending_push_work() const noexcept {
   return planner_->pushes_in_flight() || gate_->loads_in_flight();
 }
 
-bool SchedulerCoordinator::has_cache_item(std::string_view identifier) { return gate_->has_cache_item(identifier); }
+bool SchedulerCoordinator::has_cache_item(std::string_view identifier) {
+  // A consumer's own transfers first; a producer's shared store after.
+  return gate_->has_cache_item(identifier) || planner_->store_has(identifier);
+}
+
+void SchedulerCoordinator::set_store_presence(std::shared_ptr<StorePresence> store) {
+  planner_->set_store(std::move(store));
+}
 
 bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, std::int64_t num_computed_tokens) {
   if (failures_->report_malformed(request)) {
@@ -93,6 +100,7 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
 void SchedulerCoordinator::update_connector_output(const WorkerOutput& output) {
   gate_->take_output(output);
   planner_->note_pending_saves(output.pending_saves);
+  if (options_.is_producer) planner_->note_failed_loads(output.failed_loads);
   failures_->add_failed_saves(output.failed_saves);
 }
 
@@ -128,6 +136,10 @@ CoordinatorStats SchedulerCoordinator::stats() const noexcept {
   s.abandoned_events = channel.abandoned_events;
   s.failed_events = channel.failed_events;
   s.pushes_planned = planner.pushes_planned;
+  s.store_lookups = planner.store_lookups;
+  s.store_hits = planner.store_hits;
+  s.store_loads = planner.store_loads;
+  s.store_load_failures = planner.store_load_failures;
   s.push_conflicts = planner.push_conflicts;
   s.unresolved_transfer_ids = failures.unresolved_transfer_ids;
   s.malformed_requests = failures.malformed_requests;

@@ -19,6 +19,16 @@ void PushPlanner::after_alloc(const RequestView& request, std::size_t index) {
   if (!options_.is_producer || request.has_malformed_params()) return;
   plan_push(request, index);
   const MmFeature& feature = request.mm_features[index];
+  if (store_hits_this_step_.contains(feature.identifier)) {
+    // Allocated as an external item: the workers load it from the store.
+    if (store_loads_planned_.insert(feature.identifier).second) {
+      if (auto spec = output_spec(feature)) {
+        store_loads_.push_back(StoreLoad{feature.identifier, *spec});
+        ++stats_.store_loads;
+      }
+    }
+    return;
+  }
   if (options_.cross_encoder_cache && feature.modality == "image") {
     if (auto spec = output_spec(feature)) {
       store_candidates_.emplace_back(request.request_id, StoreCandidate{feature.identifier, *spec});
@@ -42,6 +52,26 @@ void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
     store_candidates_.clear();
   }
   meta.pushes = std::exchange(pushes_, {});
+  meta.store_loads = std::exchange(store_loads_, {});
+  store_hits_this_step_.clear();
+  store_loads_planned_.clear();
+}
+
+bool PushPlanner::store_has(std::string_view identifier) {
+  if (!options_.is_producer || !options_.cross_encoder_cache || !store_) return false;
+  ++stats_.store_lookups;
+  if (!store_->present(identifier)) return false;
+  ++stats_.store_hits;
+  store_hits_this_step_.emplace(identifier);
+  return true;
+}
+
+void PushPlanner::note_failed_loads(const std::vector<std::string>& mm_hashes) {
+  if (!store_) return;
+  for (const auto& h : mm_hashes) {
+    store_->forget(h);
+    ++stats_.store_load_failures;
+  }
 }
 
 std::optional<nlohmann::json> PushPlanner::finish(const RequestView& request) {

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string_view>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +18,7 @@
 
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/request_failures.h"
+#include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/types.h"
 
@@ -26,6 +29,10 @@ class PushPlanner {
   struct Stats {
     std::uint64_t pushes_planned = 0;
     std::uint64_t push_conflicts = 0;  // a transfer id already planned for other content
+    std::uint64_t store_lookups = 0;   // has_cache_item asked the store's presence index
+    std::uint64_t store_hits = 0;      // has_cache_item answered from the store
+    std::uint64_t store_loads = 0;     // store loads handed to the workers
+    std::uint64_t store_load_failures = 0;
   };
 
   // `options` and `failures` must outlive the planner; a pure consumer's planner
@@ -47,6 +54,13 @@ class PushPlanner {
   // transfer id, and the bindings it planned ("ec_items"); forgets those bindings.
   // Empty for a pure consumer or a request without items.
   std::optional<nlohmann::json> finish(const RequestView& request);
+
+  // Cross-encoder cache (producer): whether `identifier` is in the shared store; an
+  // item answered present is loaded from the store in this step, not encoded.
+  bool store_has(std::string_view identifier);
+  void set_store(std::shared_ptr<StorePresence> store) { store_ = std::move(store); }
+  // The workers' loads that failed: forgotten, so they are encoded next time.
+  void note_failed_loads(const std::vector<std::string>& mm_hashes);
 
   std::size_t bindings() const noexcept { return push_bindings_.size(); }
   const Stats& stats() const noexcept { return stats_; }
@@ -70,6 +84,10 @@ class PushPlanner {
   detail::StringMap<PushBinding> push_bindings_;
   detail::StringMap<std::vector<std::string>> bindings_by_request_;
   std::vector<std::pair<std::string, StoreCandidate>> store_candidates_;  // (request id, candidate)
+  std::shared_ptr<StorePresence> store_;
+  detail::StringSet store_hits_this_step_;  // has_cache_item said "in the store"
+  detail::StringSet store_loads_planned_;   // of those, allocated (one load per hash and step)
+  std::vector<StoreLoad> store_loads_;
   bool pending_saves_ = false;
 };
 

@@ -2,7 +2,9 @@
 
 #include "core/logging.h"
 #include "ecx/control/event_inbox.h"
+#include "ecx/core/metrics.h"
 #include "ecx/core/stages.h"
+#include "ecx/store/store_config.h"
 
 namespace ecx::worker {
 namespace {
@@ -115,6 +117,32 @@ std::shared_ptr<scheduler::ConsumerControl> make_consumer_control(std::shared_pt
   return std::make_shared<ClientConsumerControl>(std::move(client), timeout);
 }
 
+namespace {
+
+class IndexPresence final : public scheduler::StorePresence {
+ public:
+  explicit IndexPresence(std::unique_ptr<store::PresenceIndex> index)
+      : index_(std::move(index)), collector_(index_->export_metrics(metrics::Registry::global())) {}
+  ~IndexPresence() override { metrics::Registry::global().remove_collector(collector_); }
+  IndexPresence(const IndexPresence&) = delete;
+  IndexPresence& operator=(const IndexPresence&) = delete;
+  bool present(std::string_view mm_hash) override { return index_->present(mm_hash); }
+  void forget(std::string_view mm_hash) override { index_->forget(mm_hash); }
+
+ private:
+  std::unique_ptr<store::PresenceIndex> index_;
+  std::uint64_t collector_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<scheduler::StorePresence>> make_store_presence(const Config& config,
+                                                                      std::shared_ptr<const Clock> clock) {
+  auto index = store::open_presence_index(config, std::move(clock));
+  if (!index) return index.status();
+  return std::shared_ptr<scheduler::StorePresence>(std::make_shared<IndexPresence>(std::move(*index)));
+}
+
 Result<std::unique_ptr<scheduler::SchedulerCoordinator>> make_scheduler_coordinator(
     const Config& config, DType model_dtype, std::int64_t model_hidden_width, std::shared_ptr<const Clock> clock) {
   auto options = scheduler::CoordinatorOptions::from_config(config, model_dtype, model_hidden_width);
@@ -130,8 +158,16 @@ Result<std::unique_ptr<scheduler::SchedulerCoordinator>> make_scheduler_coordina
     events = make_event_source(shared_client, config, clock);
     control = make_consumer_control(shared_client, config.control_timeout());
   }
-  return std::make_unique<scheduler::SchedulerCoordinator>(std::move(options), std::move(clock), std::move(events),
-                                                           std::move(control));
+  std::shared_ptr<scheduler::StorePresence> presence;
+  if (config.is_producer() && config.cross_encoder_cache) {
+    auto made = make_store_presence(config, clock);
+    if (!made) return made.status();
+    presence = std::move(*made);
+  }
+  auto coordinator = std::make_unique<scheduler::SchedulerCoordinator>(std::move(options), std::move(clock),
+                                                                       std::move(events), std::move(control));
+  if (presence) coordinator->set_store_presence(std::move(presence));
+  return coordinator;
 }
 
 }  // namespace ecx::worker

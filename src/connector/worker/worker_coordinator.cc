@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <atomic>
+#include <deque>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "core/logging.h"
 #include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
+#include "ecx/store/store_config.h"
 
 namespace ecx::worker {
 
@@ -43,6 +47,38 @@ struct WorkerCoordinator::CudaCopier {
   int device = -1;
 };
 
+// The cross-encoder cache on a producer: a store connection for loads, a publisher
+// (its own connection) for computed outputs, and the candidates the scheduler named.
+struct WorkerCoordinator::StoreSide {
+  static constexpr std::size_t kMaxWanted = 4'096;  // candidates remembered until their save_cache
+  std::shared_ptr<store::EmbeddingStore> loads;
+  std::shared_ptr<store::EmbeddingStore> publishing;
+  std::unique_ptr<store::Publisher> publisher;
+  std::unordered_map<std::string, TensorSpec> wanted;
+  std::deque<std::string> wanted_order;
+  // Written on the worker thread, read by the metrics collector.
+  std::atomic<std::uint64_t> loaded{0};
+  std::atomic<std::uint64_t> load_failures{0};
+  std::atomic<std::uint64_t> publish_skipped{0};  // no room: not even copied
+  std::vector<std::byte> bounce;      // device loads land here first
+  store::PublisherCounters publisher_at_stop;  // once the publisher is gone
+
+  store::PublisherCounters publisher_counters() const {
+    return publisher ? publisher->counters() : publisher_at_stop;
+  }
+
+  void want(const scheduler::StoreCandidate& c) {
+    if (wanted.insert_or_assign(c.mm_hash, c.spec).second) wanted_order.push_back(c.mm_hash);
+    while (wanted.size() > kMaxWanted && !wanted_order.empty()) {
+      wanted.erase(wanted_order.front());
+      wanted_order.pop_front();
+    }
+    if (wanted_order.size() > 2 * kMaxWanted) {
+      std::erase_if(wanted_order, [&](const std::string& h) { return !wanted.contains(h); });
+    }
+  }
+};
+
 WorkerCoordinator::WorkerCoordinator(Config config, std::shared_ptr<const Clock> clock)
     : config_(std::move(config)), clock_(std::move(clock)) {}
 
@@ -65,6 +101,20 @@ Result<std::unique_ptr<WorkerCoordinator>> WorkerCoordinator::start(const Config
     auto engine = producer::PushEngine::start(config, clock);
     if (!engine) return engine.status();
     w->pushes_ = std::move(*engine);
+    if (config.cross_encoder_cache) {
+      // Two connections: a 9 MiB publish must not hold up a load the engine waits for.
+      auto loads = store::open_store(config, clock);
+      if (!loads) return loads.status();
+      auto publishing = store::open_store(config, clock);
+      if (!publishing) return publishing.status();
+      w->store_ = std::make_unique<StoreSide>();
+      w->store_->loads = std::move(*loads);
+      w->store_->publishing = std::move(*publishing);
+      w->store_->publisher =
+          std::make_unique<store::Publisher>(w->store_->publishing, store::publisher_options(config));
+      ecx::log::get("worker")->info("cross-encoder cache on {} (prefix {}, model {})", w->store_->loads->describe(),
+                                    config.store_prefix, config.store_model);
+    }
   }
   return w;
 }
@@ -83,9 +133,23 @@ Result<consumer::SlotLease> WorkerCoordinator::take(const scheduler::LoadSpec& l
   return lease;
 }
 
+Status WorkerCoordinator::copy_to_device(const void* host, const LoadDestination& destination, std::uint64_t nbytes) {
+  if (!cuda_) cuda_ = std::make_unique<CudaCopier>();
+  if (!cuda_->stager || cuda_->device != destination.device) {
+    auto stager = pool::CudaStager::create(destination.device);
+    if (!stager) return stager.status();
+    cuda_->stager = std::move(*stager);
+    cuda_->device = destination.device;
+  }
+  auto copy = cuda_->stager->copy_to_device(host, destination.data, nbytes);
+  if (!copy) return copy.status();
+  return cuda_->stager->wait(*copy, clock_->now() + config_.push_wait_timeout(), *clock_);
+}
+
 LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
                                                 const IsPresent& present) {
   LoadReport report;
+  if (store_) load_from_store(meta, allocate, report);
   if (!shard_) return report;
   auto log = ecx::log::get("worker");
   for (const auto& load : meta.loads) {
@@ -116,27 +180,9 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
     const TimePoint copy_started = clock_->now();
     if (!destination->cuda) {
       std::memcpy(destination->data, lease->data(), lease->nbytes());
-    } else {
-      if (!cuda_) cuda_ = std::make_unique<CudaCopier>();
-      Status copied = Status::ok();
-      if (!cuda_->stager || cuda_->device != destination->device) {
-        auto stager = pool::CudaStager::create(destination->device);
-        if (stager) {
-          cuda_->stager = std::move(*stager);
-          cuda_->device = destination->device;
-        } else {
-          copied = stager.status();
-        }
-      }
-      if (copied) {
-        auto copy = cuda_->stager->copy_to_device(lease->data(), destination->data, lease->nbytes());
-        copied =
-            copy ? cuda_->stager->wait(*copy, clock_->now() + config_.push_wait_timeout(), *clock_) : copy.status();
-      }
-      if (!copied) {
-        fail(copied);
-        continue;
-      }
+    } else if (Status copied = copy_to_device(lease->data(), *destination, lease->nbytes()); !copied) {
+      fail(copied);
+      continue;
     }
     stages::record(stages::Stage::load_copy, clock_->now() - copy_started);
     lease->release();
@@ -146,8 +192,47 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
   return report;
 }
 
+void WorkerCoordinator::load_from_store(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
+                                        LoadReport& report) {
+  auto log = ecx::log::get("worker");
+  for (const auto& item : meta.store_loads) {
+    const scheduler::LoadSpec load{item.mm_hash, std::string(), item.spec, false};
+    std::optional<LoadDestination> destination;
+    auto land = [&](const TensorSpec& spec) -> Result<std::span<std::byte>> {
+      // An entry of another shape is not this item's output (another model revision
+      // with the same identity, say): refused, and the item is encoded elsewhere.
+      if (spec != item.spec) {
+        return invalid_argument(
+            fmt::format("the store holds {} but the engine expects {}", spec.to_string(), item.spec.to_string()));
+      }
+      auto d = allocate(load);
+      if (!d) return d.status();
+      destination = *d;
+      if (!d->cuda) return std::span<std::byte>(static_cast<std::byte*>(d->data), spec.nbytes());
+      store_->bounce.resize(spec.nbytes());
+      return std::span<std::byte>(store_->bounce);
+    };
+    auto entry = store_->loads->get_into(item.mm_hash, land);
+    Status s = entry.status();
+    if (s && destination && destination->cuda) s = copy_to_device(store_->bounce.data(), *destination, item.spec.nbytes());
+    if (!s) {
+      ++store_->load_failures;
+      log->warn("load of mm_hash={} from {} failed: {}", item.mm_hash, store_->loads->describe(), s.to_string());
+      step_.failed_loads.insert(item.mm_hash);
+      report.failed.push_back(item.mm_hash);
+      continue;
+    }
+    ++store_->loaded;
+    step_.loaded.insert(item.mm_hash);
+    report.loaded.push_back(item.mm_hash);
+  }
+}
+
 void WorkerCoordinator::start_save_caches(const scheduler::ConnectorMeta& meta) {
   if (!pushes_) return;
+  if (store_) {
+    for (const auto& c : meta.store_candidates) store_->want(c);
+  }
   for (const auto& p : meta.pushes) {
     pushes_->submit(producer::PushSpec{p.transfer_id, p.mm_hash, p.consumer_zmq, p.spec, p.request_id});
   }
@@ -156,7 +241,72 @@ void WorkerCoordinator::start_save_caches(const scheduler::ConnectorMeta& meta) 
 Status WorkerCoordinator::save_cache(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
                                      producer::SourceMemory memory) {
   if (!pushes_) return Status::ok();  // not a producer: vLLM calls save_caches on every role
-  return pushes_->bind_source(mm_hash, data, nbytes, memory);
+  Status bound = pushes_->bind_source(mm_hash, data, nbytes, memory);
+  if (store_) publish(mm_hash, data, nbytes, memory);
+  return bound;
+}
+
+void WorkerCoordinator::publish(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
+                                producer::SourceMemory memory) {
+  auto it = store_->wanted.find(std::string(mm_hash));
+  if (it == store_->wanted.end()) return;
+  const TensorSpec spec = it->second;
+  store_->wanted.erase(it);
+  if (spec.nbytes() != nbytes || !store_->publisher || !store_->publisher->has_room(nbytes)) {
+    ++store_->publish_skipped;
+    return;
+  }
+  std::vector<std::byte> payload(nbytes);
+  if (memory == producer::SourceMemory::host) {
+    std::memcpy(payload.data(), data, nbytes);
+  } else {
+    // After the push's own staging copy: the output is read from the device twice
+    // rather than making the push wait for the store.
+    if (!cuda_) cuda_ = std::make_unique<CudaCopier>();
+    Status copied = Status::ok();
+    if (!cuda_->stager) {
+      auto stager = pool::CudaStager::create(0);
+      if (stager) {
+        cuda_->stager = std::move(*stager);
+        cuda_->device = 0;
+      } else {
+        copied = stager.status();
+      }
+    }
+    if (copied) {
+      auto copy = cuda_->stager->copy_to_host(data, payload.data(), nbytes);
+      copied = copy ? cuda_->stager->wait(*copy, clock_->now() + config_.push_wait_timeout(), *clock_) : copy.status();
+    }
+    if (!copied) {
+      ++store_->publish_skipped;
+      ecx::log::get("worker")->debug("not publishing mm_hash={}: {}", mm_hash, copied.to_string());
+      return;
+    }
+  }
+  (void)store_->publisher->offer(std::string(mm_hash), spec, std::move(payload));
+}
+
+StoreWorkerCounters WorkerCoordinator::store_counters() const {
+  StoreWorkerCounters c;
+  if (!store_) return c;
+  const auto loads = store_->loads->counters();
+  const auto writes = store_->publishing->counters();
+  const auto p = store_->publisher_counters();
+  c.loads = store_->loaded;
+  c.load_failures = store_->load_failures;
+  c.bytes_loaded = loads.bytes_loaded;
+  c.offered = p.offered + store_->publish_skipped;
+  c.published = p.published;
+  c.bytes_published = writes.bytes_published;
+  c.publish_dropped = p.dropped_full + p.dropped_at_stop + store_->publish_skipped;
+  c.publish_failed = p.failed;
+  c.store_errors = loads.errors + writes.errors;
+  c.rejected = loads.rejected;
+  return c;
+}
+
+bool WorkerCoordinator::wait_published(std::chrono::milliseconds timeout) {
+  return !store_ || !store_->publisher || store_->publisher->wait_idle(timeout);
 }
 
 void WorkerCoordinator::get_finished(const std::vector<std::string>& finished_request_ids) {
@@ -183,6 +333,26 @@ void WorkerCoordinator::export_metrics(metrics::Registry& registry) {
   registry_ = &registry;
   if (shard_) collectors_.push_back(shard_->export_metrics(registry));
   if (pushes_) collectors_.push_back(pushes_->export_metrics(registry));
+  if (store_) {
+    collectors_.push_back(registry.add_collector([this](metrics::SampleSink& sink) {
+      const StoreWorkerCounters c = store_counters();
+      auto counter = [&](std::string_view name, std::string_view help, std::uint64_t v) {
+        sink.sample(name, help, metrics::SampleType::counter, {}, static_cast<double>(v));
+      };
+      counter("store_loads_total", "Items loaded from the shared store instead of encoded", c.loads);
+      counter("store_load_failures_total", "Store loads that failed (absent, corrupt, store down or slow)",
+              c.load_failures);
+      counter("store_loaded_bytes_total", "Payload bytes loaded from the store", c.bytes_loaded);
+      counter("store_publish_offered_total", "Computed outputs offered for publishing", c.offered);
+      counter("store_published_total", "Computed outputs written to the store", c.published);
+      counter("store_published_bytes_total", "Payload bytes written to the store", c.bytes_published);
+      counter("store_publish_dropped_total", "Outputs not published: pending bounds full, or at shutdown",
+              c.publish_dropped);
+      counter("store_publish_failed_total", "Publishes the store refused or could not take", c.publish_failed);
+      counter("store_errors_total", "Store calls that failed on the store itself", c.store_errors);
+      counter("store_rejected_total", "Store entries refused by their checks (checksum, model, size)", c.rejected);
+    }));
+  }
 }
 
 void WorkerCoordinator::shutdown() {
@@ -195,6 +365,19 @@ void WorkerCoordinator::shutdown() {
   const auto budget = seconds_to_duration(config_.shutdown_drain_timeout_s);
   const auto deadline = std::chrono::steady_clock::now() + budget;
   if (pushes_) pushes_->shutdown(budget);
+  if (store_ && store_->publisher) {
+    // Best effort: what is written within a share of the budget is kept, the rest dropped (counted).
+    (void)store_->publisher->wait_idle(std::chrono::duration_cast<std::chrono::milliseconds>(budget / 4));
+    auto publisher = std::move(store_->publisher);
+    store::PublisherCounters last = publisher->counters();
+    // What is pending now is dropped by the publisher's stop (an entry it finishes
+    // writing meanwhile is counted dropped, not published: the figures stay conservative).
+    last.dropped_at_stop += last.pending_items;
+    last.pending_items = 0;
+    last.pending_bytes = 0;
+    publisher.reset();
+    store_->publisher_at_stop = last;
+  }
   if (shard_) {
     (void)shard_->shutdown(std::max<Duration>(
         Duration::zero(), std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now())));

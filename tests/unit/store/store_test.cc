@@ -20,6 +20,7 @@
 #include "ecx/store/embedding_store.h"
 #include "ecx/store/publisher.h"
 #include "sim/process.h"
+#include "sim/redis_server.h"
 #include "store/entry_format.h"
 
 namespace ecx::store {
@@ -27,7 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kRedisServer = "/usr/bin/redis-server";
 
 TensorSpec spec(std::vector<std::int64_t> shape, DType dtype = DType::bfloat16) {
   return TensorSpec::make(std::move(shape), dtype, std::uint64_t{1} << 34).value();
@@ -39,54 +39,14 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
   return out;
 }
 
-// A redis-server of its own on a free loopback port, no persistence; killed at the end.
-class RedisServer {
- public:
-  static std::optional<RedisServer> start() {
-    const int port = sim::free_port_block(1);
-    if (port == 0) return std::nullopt;
-    auto child = sim::ChildProcess::spawn({kRedisServer, "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                           "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel",
-                                           "warning", "--dir", std::filesystem::temp_directory_path().string()});
-    if (!child) return std::nullopt;
-    RedisServer server(port, std::move(*child));
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (std::chrono::steady_clock::now() < until) {
-      if (server.ping()) return server;
-      std::this_thread::sleep_for(20ms);  // polling its start-up (bounded), not a timeout
-    }
-    return std::nullopt;
-  }
+using sim::RedisServer;
+constexpr const char* kRedisServer = sim::kRedisServerPath;
 
-  int port() const { return port_; }
-  sim::ChildProcess& process() { return process_; }
-
-  // A raw command on a connection of the test's own; the reply, or nullptr.
-  std::unique_ptr<redisReply, void (*)(void*)> raw(const std::vector<std::string>& args) const {
-    std::unique_ptr<redisContext, void (*)(redisContext*)> c(redisConnectWithTimeout("127.0.0.1", port_, {2, 0}),
-                                                             redisFree);
-    std::unique_ptr<redisReply, void (*)(void*)> none(nullptr, freeReplyObject);
-    if (!c || c->err) return none;
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lengths;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lengths.push_back(a.size());
-    }
-    return {
-        static_cast<redisReply*>(redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lengths.data())),
-        freeReplyObject};
-  }
-  bool ping() const {
-    auto r = raw({"PING"});
-    return r && r->type == REDIS_REPLY_STATUS;
-  }
-
- private:
-  RedisServer(int port, sim::ChildProcess process) : port_(port), process_(std::move(process)) {}
-  int port_;
-  sim::ChildProcess process_;
-};
+std::optional<RedisServer> start_redis() {
+  auto server = RedisServer::start();
+  if (!server) return std::nullopt;
+  return std::move(*server);
+}
 
 RedisOptions options_for(int port, std::string model = "test-model@1", std::shared_ptr<const Clock> clock = nullptr,
                          double io_timeout_s = 1.0) {
@@ -112,7 +72,7 @@ class StoreWithRedis : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::access(kRedisServer, X_OK) != 0) GTEST_SKIP() << kRedisServer << " is missing (Debian package redis-server)";
-    server_ = RedisServer::start();
+    server_ = start_redis();
     ASSERT_TRUE(server_.has_value()) << "redis-server did not start";
   }
   std::unique_ptr<EmbeddingStore> open(std::string model = "test-model@1", std::shared_ptr<const Clock> clock = nullptr,

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ecx/core/ids.h"
@@ -62,6 +63,17 @@ class ConsumerControl {
   virtual Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) = 0;
   // Idempotent; called after every executor thread has stopped.
   virtual void close() = 0;
+};
+
+// Producer, cross-encoder cache: what the shared embedding store holds, answered
+// locally (a presence index kept current off the scheduler thread).
+class StorePresence {
+ public:
+  virtual ~StorePresence() = default;
+  // Whether mm_hash can be loaded from the store. Must not block.
+  virtual bool present(std::string_view mm_hash) = 0;
+  // A worker could not load it: not present until the store says so again.
+  virtual void forget(std::string_view mm_hash) = 0;
 };
 
 }  // namespace ecx::scheduler

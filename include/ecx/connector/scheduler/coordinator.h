@@ -100,6 +100,11 @@ struct CoordinatorStats {
   // held and reported.
   std::uint64_t local_fallbacks = 0;
   std::uint64_t stranded_items = 0;
+  // Producer, cross-encoder cache.
+  std::uint64_t store_lookups = 0;        // has_cache_item questions put to the store's presence index
+  std::uint64_t store_hits = 0;           // has_cache_item answered from the shared store
+  std::uint64_t store_loads = 0;          // items loaded from it instead of encoded
+  std::uint64_t store_load_failures = 0;  // of those, reported failed by a worker
 };
 
 class SchedulerCoordinator {
@@ -135,6 +140,9 @@ class SchedulerCoordinator {
   // See CoordinatorOptions::asynchronous_loads / unavailable_reaches_engine.
   void set_asynchronous_loads(bool on) noexcept { options_.asynchronous_loads = on; }
   void set_unavailable_reaches_engine(bool on) noexcept { options_.unavailable_reaches_engine = on; }
+  // Producer, cross-encoder cache: has_cache_item also answers for items in the
+  // shared store (loaded by the workers, see ConnectorMeta::store_loads).
+  void set_store_presence(std::shared_ptr<StorePresence> store);
   // Drops queued cancels, closes the control collaborator (calls in flight end at
   // once as cancelled), joins the executor, then closes the event source. Bounded by
   // the executor's threads noticing the closed client, not by control deadlines.

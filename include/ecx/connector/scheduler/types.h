@@ -73,6 +73,13 @@ struct StoreCandidate {
   TensorSpec spec;
 };
 
+// Producer, cross-encoder cache: an item the shared store holds; the workers load
+// it into the encoder cache instead of encoding it (then push it as usual).
+struct StoreLoad {
+  std::string mm_hash;
+  TensorSpec spec;
+};
+
 // The part of vLLM's SchedulerOutput the coordinator reads.
 struct StepView {
   std::vector<std::string> free_encoder_mm_hashes;
@@ -93,6 +100,7 @@ struct ConnectorMeta {
   // the scheduler already queued the remote cancel.
   std::vector<std::string> orphan_cancels;
   std::vector<StoreCandidate> store_candidates;
+  std::vector<StoreLoad> store_loads;
   std::vector<PushSpec> pushes;
   std::vector<LoadSpec> loads;
 };

@@ -26,4 +26,12 @@ std::shared_ptr<scheduler::EventSource> make_event_source(std::shared_ptr<contro
 std::shared_ptr<scheduler::ConsumerControl> make_consumer_control(std::shared_ptr<control::ControlClient> client,
                                                                   Duration timeout);
 
+// The cross-encoder cache's presence answers for a producer's scheduler: a store
+// presence index (its own lookup connection and the store's change feed) whose
+// counters the process-wide metrics registry exports. A store that is down is no
+// error here: items are encoded until it is back. make_scheduler_coordinator wires
+// one in when config.cross_encoder_cache is on.
+Result<std::shared_ptr<scheduler::StorePresence>> make_store_presence(const Config& config,
+                                                                      std::shared_ptr<const Clock> clock);
+
 }  // namespace ecx::worker

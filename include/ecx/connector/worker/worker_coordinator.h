@@ -8,6 +8,8 @@
 //
 // Called from the engine's worker thread; nothing here blocks on the network.
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -47,6 +49,20 @@ struct LoadDestination {
   int device = 0;
 };
 
+// Producer, cross-encoder cache: what this worker did with the shared store.
+struct StoreWorkerCounters {
+  std::uint64_t loads = 0;          // items loaded from the store instead of encoded
+  std::uint64_t load_failures = 0;  // store loads that failed (absent, corrupt, store down or slow)
+  std::uint64_t bytes_loaded = 0;
+  std::uint64_t offered = 0;         // computed outputs offered for publishing
+  std::uint64_t published = 0;       // of those, written
+  std::uint64_t bytes_published = 0;
+  std::uint64_t publish_dropped = 0;  // not published: the pending bounds were full, or at shutdown
+  std::uint64_t publish_failed = 0;   // the store refused or was unreachable
+  std::uint64_t store_errors = 0;     // calls that failed on the store itself
+  std::uint64_t rejected = 0;         // entries refused by their checks (checksum, model, size)
+};
+
 struct LoadReport {
   std::vector<std::string> loaded;
   std::vector<std::string> failed;  // the engine should drop what it allocated for these
@@ -67,6 +83,10 @@ class WorkerCoordinator {
   // spec (e.g. a fresh tensor put into its encoder cache); the landed bytes are copied
   // there and the slot is given back. Items already present (`present` true) are
   // counted as loaded without a copy.
+  // Producer with the cross-encoder cache: loads meta.store_loads from the shared
+  // store the same way (the entry's checks pass before a byte lands); the engine
+  // then binds the loaded tensor with save_cache like an encoded one, and a failed
+  // load is reported in failed_loads (its push is abandoned when its request ends).
   using Allocate = std::function<Result<LoadDestination>(const scheduler::LoadSpec& load)>;
   using IsPresent = std::function<bool(const std::string& mm_hash)>;
   LoadReport start_load_caches(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
@@ -75,9 +95,16 @@ class WorkerCoordinator {
   Result<consumer::SlotLease> take(const scheduler::LoadSpec& load);
 
   // --- producer
+  // Submits meta.pushes; remembers meta.store_candidates, published by save_cache.
   void start_save_caches(const scheduler::ConnectorMeta& meta);
+  // Binds the output to its pushes (a staging copy); a store candidate is then also
+  // offered for publishing, best effort: copied only when the pending bounds have
+  // room, written off this thread, never delaying a push.
   Status save_cache(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
                     producer::SourceMemory memory = producer::SourceMemory::host);
+  StoreWorkerCounters store_counters() const;
+  // Waits (real time) until every offered output is published or dropped.
+  bool wait_published(std::chrono::milliseconds timeout);
 
   // --- both
   void get_finished(const std::vector<std::string>& finished_request_ids);
@@ -104,6 +131,12 @@ class WorkerCoordinator {
   metrics::Registry* registry_ = nullptr;
   struct CudaCopier;
   std::unique_ptr<CudaCopier> cuda_;
+  struct StoreSide;
+  std::unique_ptr<StoreSide> store_;
+
+  void publish(std::string_view mm_hash, const void* data, std::uint64_t nbytes, producer::SourceMemory memory);
+  void load_from_store(const scheduler::ConnectorMeta& meta, const Allocate& allocate, LoadReport& report);
+  Status copy_to_device(const void* host, const LoadDestination& destination, std::uint64_t nbytes);
 };
 
 }  // namespace ecx::worker
