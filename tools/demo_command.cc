@@ -431,14 +431,18 @@ int run_demo(const DemoOptions& options) {
   const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
   // The cross-encoder cache's store: a redis-server of the demo's own on loopback.
   std::optional<sim::RedisServer> redis;
-  if (o.cross_encoder_cache) {
+  std::string store_url = o.store_url;
+  if (o.cross_encoder_cache && store_url.empty()) {
     auto started = sim::RedisServer::start();
     if (!started) {
       std::cerr << "ecx demo: --cross-encoder-cache needs a redis-server: " << started.status().message() << "\n";
       return 1;
     }
     redis.emplace(std::move(*started));
-    std::cout << fmt::format("ecx demo: cross-encoder cache on {} (started for the demo)\n", redis->url());
+    store_url = redis->url();
+    std::cout << fmt::format("ecx demo: cross-encoder cache on {} (started for the demo)\n", store_url);
+  } else if (o.cross_encoder_cache) {
+    std::cout << fmt::format("ecx demo: cross-encoder cache on {}\n", store_url);
   }
   std::cout << fmt::format(
       "ecx demo: consumer (TP={}) and {} on 127.0.0.1 over {} | {} requests of {}-{} images, "
@@ -470,7 +474,7 @@ int run_demo(const DemoOptions& options) {
     auto argv = common("producer");
     argv.insert(argv.end(), {"--admit", ready->at("admit").get<std::string>(), "--consumer",
                              ready->at("control").get<std::string>(), "--encoder-index", std::to_string(e)});
-    if (redis) argv.insert(argv.end(), {"--cross-encoder-cache", "--store-url", redis->url()});
+    if (o.cross_encoder_cache) argv.insert(argv.end(), {"--cross-encoder-cache", "--store-url", store_url});
     auto producer = sim::ChildProcess::spawn(argv, env);
     if (!producer) {
       std::cerr << "ecx demo: " << producer.status().message() << "\n";
@@ -731,7 +735,8 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_flag("--cross-encoder-cache", o->cross_encoder_cache,
                  "encoders share outputs through a redis-server the demo starts on loopback");
   demo->add_option("--encoder-index", o->encoder_index, "internal: this producer's index")->group("");
-  demo->add_option("--store-url", o->store_url, "internal: the store of the cross-encoder cache")->group("");
+  demo->add_option("--store-url", o->store_url,
+                   "with --cross-encoder-cache: use this Redis (redis://host:port/db) instead of starting one");
   add_data_link_option(demo, o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)");
   demo->add_option("--ucx-mode", o->ucx_mode, "UCX protocol (ucx_mode): am, or put (one-sided put + flush)")
       ->capture_default_str()
