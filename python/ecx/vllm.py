@@ -631,7 +631,9 @@ class ECXConnector(ECConnectorBase):
         )
         for mm_hash in failed:
             # Reported in failed_loads: the scheduler forgets it and the next request encodes it.
-            logger.warning("ECX could not load mm_hash=%s from the cross-encoder cache; it is encoded next time", mm_hash)
+            logger.warning(
+                "ECX could not load mm_hash=%s from the cross-encoder cache; it is encoded next time", mm_hash
+            )
         for mm_hash in loaded:
             tensor = staged.get(mm_hash)
             if tensor is None:
