@@ -60,7 +60,11 @@ py::tuple meta_to_python(const ConnectorMeta& meta) {
   for (const auto& l : meta.loads) {
     loads.append(py::make_tuple(l.mm_hash, l.transfer_id, shape_of(l.spec), dtype_of(l.spec), l.local));
   }
-  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads, meta.retained);
+  py::list store_loads;
+  for (const auto& l : meta.store_loads)
+    store_loads.append(py::make_tuple(l.mm_hash, shape_of(l.spec), dtype_of(l.spec)));
+  // store_loads last: callers unpack the first six by position.
+  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads, meta.retained, store_loads);
 }
 
 py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
@@ -88,6 +92,10 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
   d["alloc_load_misses"] = s.alloc_load_misses;
   d["local_fallbacks"] = s.local_fallbacks;
   d["stranded_items"] = s.stranded_items;
+  d["store_lookups"] = s.store_lookups;
+  d["store_hits"] = s.store_hits;
+  d["store_loads"] = s.store_loads;
+  d["store_load_failures"] = s.store_load_failures;
   return d;
 }
 
@@ -170,7 +178,7 @@ void register_scheduler(py::module_& m) {
           py::arg("free_encoder_mm_hashes"), py::arg("preempted_request_ids") = std::vector<std::string>{},
           "Returns (freed, orphan_cancels, store_candidates[(mm_hash, shape, dtype)], "
           "pushes[(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)], "
-          "loads[(mm_hash, transfer_id, shape, dtype, local)], retained).")
+          "loads[(mm_hash, transfer_id, shape, dtype, local)], retained, store_loads[(mm_hash, shape, dtype)]).")
       .def(
           "update_connector_output",
           [](PyScheduler& s, std::vector<std::string> loaded, std::vector<std::string> failed_loads,

@@ -1,6 +1,7 @@
 // ecx._core: the worker side of the connector. Tensors cross as (data_ptr, nbytes,
 // device) only; no libtorch here. Every call that may wait releases the GIL, and the
 // allocate callback of start_load_caches takes it back to let Python create tensors.
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 
 #include "bindings/common.h"
 #include "ecx/connector/worker/worker_coordinator.h"
+#include "ecx/core/clock.h"
 #include "ecx/core/metrics.h"
 
 namespace ecx::python {
@@ -25,6 +27,8 @@ using worker::WorkerMeta;
 using LoadTuple = std::tuple<std::string, std::string, std::vector<std::int64_t>, std::string, bool>;
 using PushTuple =
     std::tuple<std::string, std::string, std::vector<std::int64_t>, std::string, std::string, std::string>;
+// (mm_hash, shape, dtype): a store load or a store candidate.
+using StoreTuple = std::tuple<std::string, std::vector<std::int64_t>, std::string>;
 using MetaTuple = std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, bool,
                              std::vector<std::string>>;
 
@@ -61,12 +65,17 @@ class PyWorker {
 
   // allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device_index)
   std::pair<std::vector<std::string>, std::vector<std::string>> start_load_caches(
-      const std::vector<LoadTuple>& loads, const std::vector<std::string>& present, const py::function& allocate) {
+      const std::vector<LoadTuple>& loads, const std::vector<std::string>& present, const py::function& allocate,
+      const std::vector<StoreTuple>& store_loads) {
     scheduler::ConnectorMeta meta;
     meta.loads.reserve(loads.size());
     for (const auto& [mm_hash, transfer_id, shape, dtype, local] : loads) {
       meta.loads.push_back(
           scheduler::LoadSpec{mm_hash, transfer_id, make_spec(shape, dtype, max_tensor_bytes_), local});
+    }
+    meta.store_loads.reserve(store_loads.size());
+    for (const auto& [mm_hash, shape, dtype] : store_loads) {
+      meta.store_loads.push_back(scheduler::StoreLoad{mm_hash, make_spec(shape, dtype, max_tensor_bytes_)});
     }
     const std::unordered_set<std::string> in_cache(present.begin(), present.end());
     auto is_present = [&in_cache](const std::string& h) { return in_cache.contains(h); };
@@ -93,8 +102,12 @@ class PyWorker {
     return {std::move(report.loaded), std::move(report.failed)};
   }
 
-  void start_save_caches(const std::vector<PushTuple>& pushes) {
+  void start_save_caches(const std::vector<PushTuple>& pushes, const std::vector<StoreTuple>& store_candidates) {
     scheduler::ConnectorMeta meta;
+    meta.store_candidates.reserve(store_candidates.size());
+    for (const auto& [mm_hash, shape, dtype] : store_candidates) {
+      meta.store_candidates.push_back(scheduler::StoreCandidate{mm_hash, make_spec(shape, dtype, max_tensor_bytes_)});
+    }
     meta.pushes.reserve(pushes.size());
     for (const auto& [mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id] : pushes) {
       meta.pushes.push_back(scheduler::PushSpec{mm_hash, make_spec(shape, dtype, max_tensor_bytes_), consumer_zmq,
@@ -167,6 +180,29 @@ class PyWorker {
     return d;
   }
 
+  py::dict store_counters() {
+    const worker::StoreWorkerCounters c = impl().store_counters();
+    py::dict d;
+    d["loads"] = c.loads;
+    d["load_failures"] = c.load_failures;
+    d["bytes_loaded"] = c.bytes_loaded;
+    d["offered"] = c.offered;
+    d["published"] = c.published;
+    d["bytes_published"] = c.bytes_published;
+    d["publish_dropped"] = c.publish_dropped;
+    d["publish_failed"] = c.publish_failed;
+    d["store_errors"] = c.store_errors;
+    d["rejected"] = c.rejected;
+    return d;
+  }
+
+  bool wait_published(double timeout_s) {
+    WorkerCoordinator& w = impl();
+    const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(seconds_to_duration(timeout_s));
+    py::gil_scoped_release release;
+    return w.wait_published(timeout);
+  }
+
   std::optional<std::string> control_endpoint() {
     auto* shard = impl().shard();
     if (!shard) return std::nullopt;
@@ -195,10 +231,14 @@ void register_worker(py::module_& m) {
       .def(py::init<const Config&>(), py::arg("config"),
            "Starts the consumer shard (consumer, first PP stage) and/or the push engine (producer).")
       .def("start_load_caches", &PyWorker::start_load_caches, py::arg("loads"), py::arg("present"), py::arg("allocate"),
+           py::arg("store_loads") = std::vector<StoreTuple>{},
            "loads: [(mm_hash, transfer_id, shape, dtype, local)]; present: hashes already in the encoder cache; "
-           "allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device). Returns (loaded, failed).")
+           "allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device); store_loads: [(mm_hash, shape, dtype)] "
+           "read from the shared store (producer with cross_encoder_cache). Returns (loaded, failed).")
       .def("start_save_caches", &PyWorker::start_save_caches, py::arg("pushes"),
-           "pushes: [(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)].")
+           py::arg("store_candidates") = std::vector<StoreTuple>{},
+           "pushes: [(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)]; store_candidates: [(mm_hash, "
+           "shape, dtype)] that save_cache publishes to the shared store (producer with cross_encoder_cache).")
       .def("save_cache", &PyWorker::save_cache, py::arg("mm_hash"), py::arg("data_ptr"), py::arg("nbytes"),
            py::arg("cuda") = false,
            "Copies the encoder output into the staging pool now (the caller may free it after the call). Returns "
@@ -207,6 +247,11 @@ void register_worker(py::module_& m) {
       .def("build_worker_meta", &PyWorker::build_worker_meta,
            "(loaded, failed_loads, reclaimed, pending_saves, failed_saves), or None on ranks that do not report.")
       .def("counters", &PyWorker::counters)
+      .def("store_counters", &PyWorker::store_counters,
+           "The cross-encoder cache's counters (all zero without it): loads, load_failures, bytes_loaded, offered, "
+           "published, bytes_published, publish_dropped, publish_failed, store_errors, rejected.")
+      .def("wait_published", &PyWorker::wait_published, py::arg("timeout_s"),
+           "Waits (real time) until every offered output is published or dropped; False on timeout.")
       .def_property_readonly("control_endpoint", &PyWorker::control_endpoint)
       .def_property_readonly("reports", &PyWorker::reports)
       .def_property_readonly("closed", &PyWorker::is_shut_down)

@@ -21,8 +21,20 @@ logger = logging.getLogger("ecx.vllm")
 _FORWARDED_FIELDS = ("ec_role", "ec_ip", "ec_port", "ec_buffer_size", "ec_buffer_device", "engine_id")
 
 
-def ecx_config_json(ec_transfer_config: Any, *, cuda_available: bool) -> str:
-    """The ECX configuration JSON for vLLM's ECTransferConfig."""
+def default_store_model(model_config: Any) -> str | None:
+    """The cross-encoder cache's model identity for vLLM's model config: "<model>@<revision>"
+    ("main" without a revision), or None when the config names no model. Store keys are
+    ':'-separated, so ':' (and spaces, control bytes) become '_'."""
+    model = getattr(model_config, "model", None)
+    if not model:
+        return None
+    revision = getattr(model_config, "revision", None) or "main"
+    return "".join("_" if ch == ":" or ord(ch) <= 0x20 or ord(ch) == 0x7F else ch for ch in f"{model}@{revision}")
+
+
+def ecx_config_json(ec_transfer_config: Any, *, cuda_available: bool, model_config: Any = None) -> str:
+    """The ECX configuration JSON for vLLM's ECTransferConfig (model_config: vLLM's, for
+    the default of store_model)."""
     doc: dict[str, Any] = {}
     for name in _FORWARDED_FIELDS:
         value = getattr(ec_transfer_config, name, None)
@@ -42,8 +54,15 @@ def ecx_config_json(ec_transfer_config: Any, *, cuda_available: bool) -> str:
     extra = getattr(ec_transfer_config, "ec_connector_extra_config", None) or {}
     if not isinstance(extra, dict):
         raise ValueError(f"ec_connector_extra_config must be an object, got {type(extra).__name__}")
+    extra = dict(extra)
+    if extra.get("cross_encoder_cache") is True and not extra.get("store_model"):
+        # Entries are filed under the model identity: encoders serving the same model
+        # and revision share them without being told.
+        store_model = default_store_model(model_config)
+        if store_model is not None:
+            extra["store_model"] = store_model
     if extra:
-        doc["ec_connector_extra_config"] = dict(extra)
+        doc["ec_connector_extra_config"] = extra
     return json.dumps(doc)
 
 

@@ -65,6 +65,7 @@ __all__ = [
     "ECXLoadItem",
     "ECXPushItem",
     "ECXStoreCandidate",
+    "ECXStoreLoad",
     "ECXWorkerMetadata",
 ]
 
@@ -103,9 +104,26 @@ class ECXPushItem:
 
 @dataclass
 class ECXStoreCandidate:
+    """An output this step computes that the producer offers to the shared store."""
+
     mm_hash: str
     shape: list[int]
     dtype: str
+
+    def to_core(self) -> tuple:
+        return (self.mm_hash, list(self.shape), self.dtype)
+
+
+@dataclass
+class ECXStoreLoad:
+    """An output the shared store holds: the producer loads it instead of encoding it."""
+
+    mm_hash: str
+    shape: list[int]
+    dtype: str
+
+    def to_core(self) -> tuple:
+        return (self.mm_hash, list(self.shape), self.dtype)
 
 
 @dataclass
@@ -122,13 +140,15 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     # this connector loaded: each worker puts its tensor back.
     retained: list[str] = field(default_factory=list)
     store_candidates: list[ECXStoreCandidate] = field(default_factory=list)
+    store_loads: list[ECXStoreLoad] = field(default_factory=list)
     # The step schedules no tokens: a worker that runs the connector anyway says so
     # in its report (how the scheduler side learns that asynchronous loads work).
     no_tokens: bool = False
 
     @classmethod
     def from_core(cls, planned: tuple, no_tokens: bool = False) -> "ECXConnectorMetadata":
-        freed, orphans, candidates, pushes, loads, retained = planned
+        freed, orphans, candidates, pushes, loads, retained = planned[:6]
+        store_loads = planned[6] if len(planned) > 6 else ()
         return cls(
             no_tokens=no_tokens,
             loads=[ECXLoadItem(h, t, list(s), d, bool(local)) for h, t, s, d, local in loads],
@@ -137,6 +157,7 @@ class ECXConnectorMetadata(ECConnectorMetadata):
             orphan_cancels=list(orphans),
             retained=list(retained),
             store_candidates=[ECXStoreCandidate(h, list(s), d) for h, s, d in candidates],
+            store_loads=[ECXStoreLoad(h, list(s), d) for h, s, d in store_loads],
         )
 
 
@@ -276,7 +297,12 @@ class ECXConnector(ECConnectorBase):
         layout = parallel_layout(vllm_config, worker=is_worker)
         # ValueError naming the offending key: a configuration mistake stops the engine at startup.
         self._config = _core.load_config(
-            ecx_config_json(ec_transfer_config, cuda_available=_cuda_available()), **layout
+            ecx_config_json(
+                ec_transfer_config,
+                cuda_available=_cuda_available(),
+                model_config=getattr(vllm_config, "model_config", None),
+            ),
+            **layout,
         )
         if self._config.log_level != "info":
             _core.set_log_level(self._config.log_level)
@@ -354,8 +380,11 @@ class ECXConnector(ECConnectorBase):
         self._encoder_cache: dict | None = None
         self._awaiting_source: dict[str, set[str]] = {}
         self._submitted_meta: Any = None
+        self._store_loaded_meta: Any = None  # the metadata whose store loads ran
+        # This step's store candidates not yet handed to save_cache (which publishes them).
+        self._store_wanted: set[str] = set()
         # Consumer: the tensors this rank loaded into the encoder cache, until a step
-        # frees them (see start_load_caches).
+        # frees them (see start_load_caches). Producer: those loaded from the store.
         self._loaded_tensors: dict[str, Any] = {}
         # Whether vLLM asks for worker metadata (else reports go in finished_recving),
         # whether it ran the connector on a step without tokens, and the last
@@ -568,8 +597,61 @@ class ECXConnector(ECConnectorBase):
                 self._load_device = torch.device("cpu")
         return self._load_device
 
+    def _allocator(self, staged: dict[str, Any]):
+        """allocate(mm_hash, shape, dtype) for the C++ loads: a fresh tensor on the load
+        device, kept in `staged` (the caller keeps only those reported loaded)."""
+        torch = _torch()
+        device = self._device_for_loads()
+
+        def allocate(mm_hash: str, shape: list[int], dtype: str) -> tuple[int, bool, int]:
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            staged[mm_hash] = tensor
+            data_ptr, _, is_cuda, index = tensor_source(tensor)
+            return data_ptr, is_cuda, index
+
+        return allocate
+
+    def _load_from_store(self, encoder_cache: dict | None) -> None:
+        """Producer with the cross-encoder cache: reads the bound metadata's store loads
+        into the encoder cache, once per step, and binds each to the pushes waiting for
+        it (no save_caches call comes for an item that was not encoded). vLLM calls
+        start_load_caches on consumers only, so every producer hook gets here, after
+        _submit_pushes."""
+        meta = self._bound_metadata()
+        if meta is None or meta is self._store_loaded_meta:
+            return
+        self._store_loaded_meta = meta
+        for mm_hash in meta.freed:
+            self._loaded_tensors.pop(mm_hash, None)
+        if not meta.store_loads:
+            return
+        staged: dict[str, Any] = {}
+        loaded, failed = self._worker.start_load_caches(
+            [], [], self._allocator(staged), [item.to_core() for item in meta.store_loads]
+        )
+        for mm_hash in failed:
+            # Reported in failed_loads: the scheduler forgets it and the next request encodes it.
+            logger.warning(
+                "ECX could not load mm_hash=%s from the cross-encoder cache; it is encoded next time", mm_hash
+            )
+        for mm_hash in loaded:
+            tensor = staged.get(mm_hash)
+            if tensor is None:
+                continue
+            if encoder_cache is not None:
+                encoder_cache[mm_hash] = tensor
+            # Kept (shared with the cache) for pushes of later steps, until a step frees it.
+            self._loaded_tensors[mm_hash] = tensor
+            self._save_tensor(mm_hash, tensor)
+
     def start_load_caches(self, encoder_cache: dict, **kwargs: Any) -> None:
-        if self._worker is None or self._closed or not self.is_consumer:
+        if self._worker is None or self._closed:
+            return
+        if self.is_producer and self._config.cross_encoder_cache:
+            self._encoder_cache = encoder_cache
+            self._submit_pushes()
+            self._load_from_store(encoder_cache)
+        if not self.is_consumer:
             return
         meta = self._bound_metadata()
         if meta is None:
@@ -588,18 +670,11 @@ class ECXConnector(ECConnectorBase):
                 encoder_cache[mm_hash] = kept
         if not meta.loads:
             return
-        torch = _torch()
-        device = self._device_for_loads()
         staged: dict[str, Any] = {}
-
-        def allocate(mm_hash: str, shape: list[int], dtype: str) -> tuple[int, bool, int]:
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-            staged[mm_hash] = tensor
-            data_ptr, _, is_cuda, index = tensor_source(tensor)
-            return data_ptr, is_cuda, index
-
         present = [item.mm_hash for item in meta.loads if item.mm_hash in encoder_cache]
-        loaded, _failed = self._worker.start_load_caches([item.to_core() for item in meta.loads], present, allocate)
+        loaded, _failed = self._worker.start_load_caches(
+            [item.to_core() for item in meta.loads], present, self._allocator(staged)
+        )
         # Only complete copies become visible; the C++ side waited for device copies.
         for mm_hash in loaded:
             tensor = staged.get(mm_hash)
@@ -615,6 +690,7 @@ class ECXConnector(ECConnectorBase):
         if encoder_cache is not None:
             self._encoder_cache = encoder_cache
         self._submit_pushes()
+        self._load_from_store(self._encoder_cache)
 
     def _submit_pushes(self) -> None:
         """Hands the bound metadata's pushes to the push engine, once per step, before
@@ -626,21 +702,28 @@ class ECXConnector(ECConnectorBase):
         if meta is None or meta is self._submitted_meta:
             return
         self._submitted_meta = meta
-        if not meta.pushes:
+        self._store_wanted = {c.mm_hash for c in meta.store_candidates}
+        if not meta.pushes and not meta.store_candidates:
             return
-        self._worker.start_save_caches([p.to_core() for p in meta.pushes])
+        self._worker.start_save_caches(
+            [p.to_core() for p in meta.pushes], [c.to_core() for c in meta.store_candidates]
+        )
         for push in meta.pushes:
             self._awaiting_source.setdefault(push.mm_hash, set()).add(push.request_id)
         cache = self._encoder_cache
-        if cache is not None:
-            for mm_hash in {p.mm_hash for p in meta.pushes}:
-                tensor = cache.get(mm_hash)
-                if tensor is not None:
-                    self._save_tensor(mm_hash, tensor)
+        for mm_hash in {p.mm_hash for p in meta.pushes}:
+            tensor = cache.get(mm_hash) if cache is not None else None
+            if tensor is None:
+                tensor = self._loaded_tensors.get(mm_hash)  # loaded from the store earlier
+            if tensor is not None:
+                self._save_tensor(mm_hash, tensor)
 
     def _save_tensor(self, mm_hash: str, tensor: Any) -> None:
-        if self._awaiting_source.pop(mm_hash, None) is None:
-            return  # no push wants it (or it was bound already)
+        pushed = self._awaiting_source.pop(mm_hash, None) is not None
+        publish = mm_hash in self._store_wanted
+        self._store_wanted.discard(mm_hash)
+        if not pushed and not publish:
+            return  # no push wants it (or it was bound already), nor the shared store
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         data_ptr, nbytes, is_cuda, _ = tensor_source(tensor)
@@ -657,6 +740,7 @@ class ECXConnector(ECConnectorBase):
             return  # vLLM's MRv1 calls this on every role
         self._encoder_cache = encoder_cache
         self._submit_pushes()
+        self._load_from_store(encoder_cache)
         tensor = encoder_cache.get(mm_hash)
         if tensor is None:
             logger.warning("ECX save_caches: mm_hash=%s is not in the encoder cache", mm_hash)
@@ -668,6 +752,7 @@ class ECXConnector(ECConnectorBase):
             return None, None
         if self.is_producer:
             self._submit_pushes()
+            self._load_from_store(self._encoder_cache)
             finished = {str(r) for r in (finished_req_ids or ())}
             if finished:
                 for mm_hash in list(self._awaiting_source):
@@ -725,6 +810,12 @@ class ECXConnector(ECConnectorBase):
         if self._worker is None or self._closed:
             return {}
         return self._worker.counters()
+
+    def store_counters(self) -> dict[str, Any]:
+        """Cross-encoder cache counters of this worker (diagnostics; zeros without it)."""
+        if self._worker is None or self._closed:
+            return {}
+        return self._worker.store_counters()
 
     def scheduler_stats(self) -> dict[str, Any]:
         """Counters of the scheduler-side coordinator (diagnostics)."""

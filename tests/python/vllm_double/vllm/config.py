@@ -53,6 +53,8 @@ class ParallelConfig:
 class ModelConfig:
     dtype: torch.dtype = torch.bfloat16
     inputs_embeds_size: int = 64
+    model: str = "double/vl-model"
+    revision: str | None = None
 
     def get_inputs_embeds_size(self) -> int:
         return self.inputs_embeds_size
