@@ -211,6 +211,9 @@ int run_producer(const DemoOptions& o) {
                    {"encoder_runs", r->encoder_runs},
                    {"cross_encoder_lookups", r->store_lookups},
                    {"cross_encoder_hits", r->store_hits},
+                   {"store_prefetched", r->store.prefetched},
+                   {"store_prefetch_failures", r->store.prefetch_failures},
+                   {"store_prefetch_dropped", r->store.prefetch_dropped},
                    {"store_loads", r->store.loads},
                    {"store_load_failures", r->store.load_failures},
                    {"store_bytes_loaded", r->store.bytes_loaded},
@@ -612,7 +615,8 @@ int run_demo(const DemoOptions& options) {
     summary["cross_encoder_lookups"] = lookups;
     summary["cross_encoder_hits"] = hits;
     summary["cross_encoder_hit_rate"] = lookups > 0 ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
-    for (const char* key : {"store_loads", "store_load_failures", "store_bytes_loaded", "store_published",
+    for (const char* key : {"store_prefetched", "store_prefetch_failures", "store_prefetch_dropped", "store_loads",
+                            "store_load_failures", "store_bytes_loaded", "store_published",
                             "store_bytes_published", "store_publish_dropped", "store_publish_failed", "store_errors",
                             "store_rejected"}) {
       summary[key] = producer_result->value(key, 0ULL);

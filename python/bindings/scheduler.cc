@@ -63,8 +63,12 @@ py::tuple meta_to_python(const ConnectorMeta& meta) {
   py::list store_loads;
   for (const auto& l : meta.store_loads)
     store_loads.append(py::make_tuple(l.mm_hash, shape_of(l.spec), dtype_of(l.spec)));
-  // store_loads last: callers unpack the first six by position.
-  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads, meta.retained, store_loads);
+  py::list store_prefetches;
+  for (const auto& l : meta.store_prefetches)
+    store_prefetches.append(py::make_tuple(l.mm_hash, shape_of(l.spec), dtype_of(l.spec)));
+  // The store parts last: callers unpack the first six by position.
+  return py::make_tuple(meta.freed, meta.orphan_cancels, candidates, pushes, loads, meta.retained, store_loads,
+                        store_prefetches);
 }
 
 py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
@@ -94,6 +98,9 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
   d["stranded_items"] = s.stranded_items;
   d["store_lookups"] = s.store_lookups;
   d["store_hits"] = s.store_hits;
+  d["store_prefetches"] = s.store_prefetches;
+  d["store_prefetch_failures"] = s.store_prefetch_failures;
+  d["store_prefetch_timeouts"] = s.store_prefetch_timeouts;
   d["store_loads"] = s.store_loads;
   d["store_load_failures"] = s.store_load_failures;
   return d;
@@ -178,17 +185,22 @@ void register_scheduler(py::module_& m) {
           py::arg("free_encoder_mm_hashes"), py::arg("preempted_request_ids") = std::vector<std::string>{},
           "Returns (freed, orphan_cancels, store_candidates[(mm_hash, shape, dtype)], "
           "pushes[(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)], "
-          "loads[(mm_hash, transfer_id, shape, dtype, local)], retained, store_loads[(mm_hash, shape, dtype)]).")
+          "loads[(mm_hash, transfer_id, shape, dtype, local)], retained, store_loads[(mm_hash, shape, dtype)], "
+          "store_prefetches[(mm_hash, shape, dtype)]).")
       .def(
           "update_connector_output",
           [](PyScheduler& s, std::vector<std::string> loaded, std::vector<std::string> failed_loads,
-             std::vector<std::string> reclaimed, bool pending_saves, std::vector<std::string> failed_saves) {
-            scheduler::WorkerOutput out{std::move(loaded), std::move(failed_loads), std::move(reclaimed), pending_saves,
-                                        std::move(failed_saves)};
+             std::vector<std::string> reclaimed, bool pending_saves, std::vector<std::string> failed_saves,
+             std::vector<std::string> store_ready, std::vector<std::string> store_failed,
+             std::vector<std::string> store_dropped) {
+            scheduler::WorkerOutput out{std::move(loaded),       std::move(failed_loads), std::move(reclaimed),
+                                        pending_saves,           std::move(failed_saves), std::move(store_ready),
+                                        std::move(store_failed), std::move(store_dropped)};
             s.impl().update_connector_output(out);
           },
           py::arg("loaded"), py::arg("failed_loads"), py::arg("reclaimed"), py::arg("pending_saves"),
-          py::arg("failed_saves"))
+          py::arg("failed_saves"), py::arg("store_ready") = std::vector<std::string>{},
+          py::arg("store_failed") = std::vector<std::string>{}, py::arg("store_dropped") = std::vector<std::string>{})
       .def(
           "request_finished",
           [](PyScheduler& s, const RequestView& r) -> std::pair<bool, std::optional<std::string>> {

@@ -29,24 +29,38 @@ using PushTuple =
     std::tuple<std::string, std::string, std::vector<std::int64_t>, std::string, std::string, std::string>;
 // (mm_hash, shape, dtype): a store load or a store candidate.
 using StoreTuple = std::tuple<std::string, std::vector<std::int64_t>, std::string>;
-using MetaTuple = std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<std::string>, bool,
-                             std::vector<std::string>>;
+// (loaded, failed_loads, reclaimed, pending_saves, failed_saves, store_ready, store_failed, store_dropped)
+using Hashes = std::vector<std::string>;
+using MetaTuple = std::tuple<Hashes, Hashes, Hashes, bool, Hashes, Hashes, Hashes, Hashes>;
 
 MetaTuple meta_to_tuple(const WorkerMeta& m) {
   return {{m.loaded.begin(), m.loaded.end()},
           {m.failed_loads.begin(), m.failed_loads.end()},
           {m.reclaimed.begin(), m.reclaimed.end()},
           m.pending_saves,
-          {m.failed_saves.begin(), m.failed_saves.end()}};
+          {m.failed_saves.begin(), m.failed_saves.end()},
+          {m.store_ready.begin(), m.store_ready.end()},
+          {m.store_failed.begin(), m.store_failed.end()},
+          {m.store_dropped.begin(), m.store_dropped.end()}};
 }
 
-WorkerMeta meta_from_tuple(const MetaTuple& t) {
+// Accepts the first five alone (older callers) or all eight.
+WorkerMeta meta_from_tuple(const py::tuple& t) {
+  if (t.size() != 5 && t.size() != 8) throw py::value_error("worker metadata must be a tuple of 5 or 8 fields");
   WorkerMeta m;
-  m.loaded.insert(std::get<0>(t).begin(), std::get<0>(t).end());
-  m.failed_loads.insert(std::get<1>(t).begin(), std::get<1>(t).end());
-  m.reclaimed.insert(std::get<2>(t).begin(), std::get<2>(t).end());
-  m.pending_saves = std::get<3>(t);
-  m.failed_saves.insert(std::get<4>(t).begin(), std::get<4>(t).end());
+  auto into = [&](std::set<std::string>& out, std::size_t i) {
+    for (auto& h : t[i].cast<Hashes>()) out.insert(std::move(h));
+  };
+  into(m.loaded, 0);
+  into(m.failed_loads, 1);
+  into(m.reclaimed, 2);
+  m.pending_saves = t[3].cast<bool>();
+  into(m.failed_saves, 4);
+  if (t.size() == 8) {
+    into(m.store_ready, 5);
+    into(m.store_failed, 6);
+    into(m.store_dropped, 7);
+  }
   return m;
 }
 
@@ -66,7 +80,7 @@ class PyWorker {
   // allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device_index)
   std::pair<std::vector<std::string>, std::vector<std::string>> start_load_caches(
       const std::vector<LoadTuple>& loads, const std::vector<std::string>& present, const py::function& allocate,
-      const std::vector<StoreTuple>& store_loads) {
+      const std::vector<StoreTuple>& store_loads, const std::vector<StoreTuple>& store_prefetches) {
     scheduler::ConnectorMeta meta;
     meta.loads.reserve(loads.size());
     for (const auto& [mm_hash, transfer_id, shape, dtype, local] : loads) {
@@ -76,6 +90,10 @@ class PyWorker {
     meta.store_loads.reserve(store_loads.size());
     for (const auto& [mm_hash, shape, dtype] : store_loads) {
       meta.store_loads.push_back(scheduler::StoreLoad{mm_hash, make_spec(shape, dtype, max_tensor_bytes_)});
+    }
+    meta.store_prefetches.reserve(store_prefetches.size());
+    for (const auto& [mm_hash, shape, dtype] : store_prefetches) {
+      meta.store_prefetches.push_back(scheduler::StoreLoad{mm_hash, make_spec(shape, dtype, max_tensor_bytes_)});
     }
     const std::unordered_set<std::string> in_cache(present.begin(), present.end());
     auto is_present = [&in_cache](const std::string& h) { return in_cache.contains(h); };
@@ -183,6 +201,10 @@ class PyWorker {
   py::dict store_counters() {
     const worker::StoreWorkerCounters c = impl().store_counters();
     py::dict d;
+    d["prefetched"] = c.prefetched;
+    d["prefetch_failures"] = c.prefetch_failures;
+    d["prefetch_dropped"] = c.prefetch_dropped;
+    d["prefetch_held_bytes"] = c.prefetch_held_bytes;
     d["loads"] = c.loads;
     d["load_failures"] = c.load_failures;
     d["bytes_loaded"] = c.bytes_loaded;
@@ -231,7 +253,7 @@ void register_worker(py::module_& m) {
       .def(py::init<const Config&>(), py::arg("config"),
            "Starts the consumer shard (consumer, first PP stage) and/or the push engine (producer).")
       .def("start_load_caches", &PyWorker::start_load_caches, py::arg("loads"), py::arg("present"), py::arg("allocate"),
-           py::arg("store_loads") = std::vector<StoreTuple>{},
+           py::arg("store_loads") = std::vector<StoreTuple>{}, py::arg("store_prefetches") = std::vector<StoreTuple>{},
            "loads: [(mm_hash, transfer_id, shape, dtype, local)]; present: hashes already in the encoder cache; "
            "allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device); store_loads: [(mm_hash, shape, dtype)] "
            "read from the shared store (producer with cross_encoder_cache). Returns (loaded, failed).")
@@ -259,7 +281,7 @@ void register_worker(py::module_& m) {
 
   m.def(
       "aggregate_worker_meta",
-      [](const MetaTuple& a, const MetaTuple& b) {
+      [](const py::tuple& a, const py::tuple& b) {
         return meta_to_tuple(meta_from_tuple(a).aggregate(meta_from_tuple(b)));
       },
       py::arg("a"), py::arg("b"), "The C++ rule for folding two ranks' reports (reference for the Python class).");

@@ -141,6 +141,9 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     retained: list[str] = field(default_factory=list)
     store_candidates: list[ECXStoreCandidate] = field(default_factory=list)
     store_loads: list[ECXStoreLoad] = field(default_factory=list)
+    # Store entries the workers read and verify ahead of their allocation (reported
+    # back as store_ready / store_failed).
+    store_prefetches: list[ECXStoreLoad] = field(default_factory=list)
     # The step schedules no tokens: a worker that runs the connector anyway says so
     # in its report (how the scheduler side learns that asynchronous loads work).
     no_tokens: bool = False
@@ -149,6 +152,7 @@ class ECXConnectorMetadata(ECConnectorMetadata):
     def from_core(cls, planned: tuple, no_tokens: bool = False) -> "ECXConnectorMetadata":
         freed, orphans, candidates, pushes, loads, retained = planned[:6]
         store_loads = planned[6] if len(planned) > 6 else ()
+        store_prefetches = planned[7] if len(planned) > 7 else ()
         return cls(
             no_tokens=no_tokens,
             loads=[ECXLoadItem(h, t, list(s), d, bool(local)) for h, t, s, d, local in loads],
@@ -158,6 +162,7 @@ class ECXConnectorMetadata(ECConnectorMetadata):
             retained=list(retained),
             store_candidates=[ECXStoreCandidate(h, list(s), d) for h, s, d in candidates],
             store_loads=[ECXStoreLoad(h, list(s), d) for h, s, d in store_loads],
+            store_prefetches=[ECXStoreLoad(h, list(s), d) for h, s, d in store_prefetches],
         )
 
 
@@ -171,6 +176,10 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
     pending_saves: bool = False  # producer I/O still in flight
     failed_saves: set[str] = field(default_factory=set)  # request ids whose push failed
     ran_without_tokens: bool = False  # this worker ran the connector on a step without tokens
+    # Cross-encoder cache: prefetched store entries held, prefetches that failed, held copies dropped.
+    store_ready: set[str] = field(default_factory=set)
+    store_failed: set[str] = field(default_factory=set)
+    store_dropped: set[str] = field(default_factory=set)
 
     def aggregate(self, other: ECConnectorWorkerMetadata) -> "ECXWorkerMetadata":
         """Every rank gathers from its own cache, so `loaded` is the intersection and a
@@ -178,6 +187,7 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
         if not isinstance(other, ECXWorkerMetadata):
             return self
         failed_loads = self.failed_loads | other.failed_loads
+        store_failed = self.store_failed | other.store_failed
         return ECXWorkerMetadata(
             loaded=(self.loaded & other.loaded) - failed_loads,
             failed_loads=failed_loads,
@@ -185,13 +195,25 @@ class ECXWorkerMetadata(ECConnectorWorkerMetadata):
             pending_saves=self.pending_saves or other.pending_saves,
             failed_saves=self.failed_saves | other.failed_saves,
             ran_without_tokens=self.ran_without_tokens and other.ran_without_tokens,
+            store_ready=(self.store_ready & other.store_ready) - store_failed,
+            store_failed=store_failed,
+            store_dropped=self.store_dropped | other.store_dropped,
         )
 
     @classmethod
     def from_core(cls, report: tuple, ran_without_tokens: bool = False) -> "ECXWorkerMetadata":
-        loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
+        loaded, failed_loads, reclaimed, pending_saves, failed_saves = report[:5]
+        ready, store_failed, dropped = report[5:8] if len(report) >= 8 else ((), (), ())
         return cls(
-            set(loaded), set(failed_loads), set(reclaimed), bool(pending_saves), set(failed_saves), ran_without_tokens
+            set(loaded),
+            set(failed_loads),
+            set(reclaimed),
+            bool(pending_saves),
+            set(failed_saves),
+            ran_without_tokens,
+            set(ready),
+            set(store_failed),
+            set(dropped),
         )
 
 
@@ -206,6 +228,9 @@ _RECV_RECLAIMED = "ecx.reclaimed:"
 _RECV_FAILED_SAVE = "ecx.failed_save:"
 _RECV_PENDING_SAVES = "ecx.pending_saves:"
 _RECV_RAN_WITHOUT_TOKENS = "ecx.ran_without_tokens"
+_RECV_STORE_READY = "ecx.store_ready:"
+_RECV_STORE_FAILED = "ecx.store_failed:"
+_RECV_STORE_DROPPED = "ecx.store_dropped:"
 
 
 def report_to_finished_recving(report: tuple | None, pending_changed: bool, ran_without_tokens: bool = False) -> set[str]:
@@ -213,7 +238,11 @@ def report_to_finished_recving(report: tuple | None, pending_changed: bool, ran_
     out = {_RECV_RAN_WITHOUT_TOKENS} if ran_without_tokens else set()
     if report is None:
         return out
-    loaded, failed_loads, reclaimed, pending_saves, failed_saves = report
+    loaded, failed_loads, reclaimed, pending_saves, failed_saves = report[:5]
+    if len(report) >= 8:
+        out |= {_RECV_STORE_READY + h for h in report[5]}
+        out |= {_RECV_STORE_FAILED + h for h in report[6]}
+        out |= {_RECV_STORE_DROPPED + h for h in report[7]}
     out |= {_RECV_LOADED + h for h in loaded}
     out |= {_RECV_FAILED_LOAD + h for h in failed_loads}
     out |= {_RECV_RECLAIMED + h for h in reclaimed}
@@ -238,6 +267,9 @@ def report_from_finished_recving(entries: Any) -> tuple[ECXWorkerMetadata | None
             (_RECV_FAILED_LOAD, meta.failed_loads),
             (_RECV_RECLAIMED, meta.reclaimed),
             (_RECV_FAILED_SAVE, meta.failed_saves),
+            (_RECV_STORE_READY, meta.store_ready),
+            (_RECV_STORE_FAILED, meta.store_failed),
+            (_RECV_STORE_DROPPED, meta.store_dropped),
         ):
             if entry.startswith(prefix):
                 target.add(entry[len(prefix) :])
@@ -253,6 +285,7 @@ def report_from_finished_recving(entries: Any) -> tuple[ECXWorkerMetadata | None
     if not found:
         return None, None
     meta.loaded -= meta.failed_loads
+    meta.store_ready -= meta.store_failed
     return meta, pending
 
 
@@ -344,7 +377,9 @@ class ECXConnector(ECConnectorBase):
         # take_unavailable_requests, unless a whole engine step passed without vLLM
         # polling it: then it is encoded locally instead.
         self._pending_saves = False
-        if self._config.is_consumer:
+        # (A producer with the cross-encoder cache too: its store prefetches are answered
+        # in worker reports, so until they are seen it trusts the store's presence index.)
+        if self._config.is_consumer or self._config.cross_encoder_cache:
             self._scheduler.set_asynchronous_loads(False)
         self._unavailable_polled = False
         self._steps_planned = 0
@@ -502,7 +537,11 @@ class ECXConnector(ECConnectorBase):
         if isinstance(meta, ECXWorkerMetadata):
             reports.append(meta)
             self._pending_saves = meta.pending_saves
-            if meta.ran_without_tokens and self._config.is_consumer and not self._scheduler.asynchronous_loads:
+            if (
+                meta.ran_without_tokens
+                and (self._config.is_consumer or self._config.cross_encoder_cache)
+                and not self._scheduler.asynchronous_loads
+            ):
                 logger.info(
                     "ECX: vLLM runs the EC connector on steps without tokens and reports worker metadata; "
                     "loads are asynchronous from now on"
@@ -521,13 +560,26 @@ class ECXConnector(ECConnectorBase):
         failed: set[str] = set()
         reclaimed: set[str] = set()
         failed_saves: set[str] = set()
+        store_ready: set[str] = set()
+        store_failed: set[str] = set()
+        store_dropped: set[str] = set()
         for report in reports:
             loaded |= report.loaded
             failed |= report.failed_loads
             reclaimed |= report.reclaimed
             failed_saves |= report.failed_saves
+            store_ready |= report.store_ready
+            store_failed |= report.store_failed
+            store_dropped |= report.store_dropped
         self._scheduler.update_connector_output(
-            sorted(loaded - failed), sorted(failed), sorted(reclaimed), self._pending_saves, sorted(failed_saves)
+            sorted(loaded - failed),
+            sorted(failed),
+            sorted(reclaimed),
+            self._pending_saves,
+            sorted(failed_saves),
+            sorted(store_ready - store_failed),
+            sorted(store_failed),
+            sorted(store_dropped),
         )
 
     def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
@@ -623,11 +675,15 @@ class ECXConnector(ECConnectorBase):
         self._store_loaded_meta = meta
         for mm_hash in meta.freed:
             self._loaded_tensors.pop(mm_hash, None)
-        if not meta.store_loads:
+        if not meta.store_loads and not meta.store_prefetches:
             return
         staged: dict[str, Any] = {}
         loaded, failed = self._worker.start_load_caches(
-            [], [], self._allocator(staged), [item.to_core() for item in meta.store_loads]
+            [],
+            [],
+            self._allocator(staged),
+            [item.to_core() for item in meta.store_loads],
+            [item.to_core() for item in meta.store_prefetches],
         )
         for mm_hash in failed:
             # Reported in failed_loads: the scheduler forgets it and the next request encodes it.

@@ -386,6 +386,10 @@ const std::vector<KeySpec>& key_table() {
           set_integer(&Config::store_max_pending_items, 1, 1 << 20));
     extra("store_max_pending_bytes", "bytes", "2GiB", "Bytes of computed outputs waiting to be published at most.",
           set_bytes(&Config::store_max_pending_bytes, 1, kMaxBytes));
+    extra("store_prefetch_max_bytes", "bytes", "1GiB",
+          "Host memory a producer worker holds for store entries it prefetched (verified) and the engine has not "
+          "allocated yet; an item that does not fit is encoded.",
+          set_bytes(&Config::store_prefetch_max_bytes, 0, kMaxBytes));
     extra("store_presence_max", "integer", "1000000",
           "mm_hashes a producer's scheduler remembers as present in the store (oldest forgotten first).",
           set_integer(&Config::store_presence_max, 1, std::int64_t{1} << 32));

@@ -72,10 +72,21 @@ def test_worker_metadata_folds_like_the_core_rule():
 
     def sample():
         pick = lambda: set(rng.sample(names, rng.randint(0, 4)))  # noqa: E731
-        return ECXWorkerMetadata(pick(), pick(), pick(), rng.random() < 0.5, pick())
+        return ECXWorkerMetadata(
+            pick(), pick(), pick(), rng.random() < 0.5, pick(), store_ready=pick(), store_failed=pick(), store_dropped=pick()
+        )
 
     def core(m):
-        return (sorted(m.loaded), sorted(m.failed_loads), sorted(m.reclaimed), m.pending_saves, sorted(m.failed_saves))
+        return (
+            sorted(m.loaded),
+            sorted(m.failed_loads),
+            sorted(m.reclaimed),
+            m.pending_saves,
+            sorted(m.failed_saves),
+            sorted(m.store_ready),
+            sorted(m.store_failed),
+            sorted(m.store_dropped),
+        )
 
     for _ in range(200):
         a, b = sample(), sample()

@@ -650,6 +650,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
   std::size_t next = 0;
+  std::vector<const SimRequest*> deferred;
   result.rounds = 1;
   while (o.clock->now() < deadline && !(stop && stop->load())) {
     if (next >= workload.size() && o.clock->now() - started < o.run_for) {
@@ -660,6 +661,10 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       next = 0;
       ++result.rounds;
     }
+    // Requests the gate deferred (their items are being prefetched from the store) are
+    // asked again first, as vLLM's waiting queue does.
+    std::vector<const SimRequest*> candidates(deferred.begin(), deferred.end());
+    deferred.clear();
     std::vector<const SimRequest*> batch;
     // A push submitted in the last step may not count as active yet; pending() sees
     // it, so a window of one really sends one item at a time.
@@ -674,26 +679,31 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     take_answers();
     const bool gated = o.max_unresolved > 0 && unresolved.size() >= static_cast<std::size_t>(o.max_unresolved);
     while (!gated && next < workload.size() &&
-           active + batch.size() < static_cast<std::uint64_t>(o.max_active_pushes) && batch.size() < 8 &&
-           (o.max_unresolved == 0 || unresolved.size() + batch.size() < static_cast<std::size_t>(o.max_unresolved))) {
+           active + candidates.size() < static_cast<std::uint64_t>(o.max_active_pushes) && candidates.size() < 8 &&
+           (o.max_unresolved == 0 ||
+            unresolved.size() + candidates.size() < static_cast<std::size_t>(o.max_unresolved))) {
       std::uint64_t bytes = 0;
       for (const auto& item : workload[next].items) bytes += item.spec.nbytes();
-      if (bytes > staging_budget && active + batch.size() > 0) break;
+      if (bytes > staging_budget && active + candidates.size() > 0) break;
       staging_budget -= std::min(staging_budget, bytes);
-      batch.push_back(&workload[next++]);
+      candidates.push_back(&workload[next++]);
     }
     std::vector<scheduler::RequestView> views;
     // Items the engine does not encode: has_cache_item said another encoder's output
     // is in the shared store (the cross-encoder cache), so it is loaded instead.
     std::set<std::string> external;
-    for (const auto* r : batch) {
+    for (const auto* r : candidates) {
       scheduler::RequestView view;
       view.request_id = r->request_id;
       view.mm_features = features_of(r->items);
       json items = json::array();
       for (const auto& item : r->items) items.push_back({{"transfer_id", item.transfer_id}});
       set_ec_transfer_params(view, json{{"consumer_zmq", o.consumer_address}, {"ec_items", items}});
-      (void)scheduler.ensure_cache_available(view, 0);
+      if (!scheduler.ensure_cache_available(view, 0)) {
+        deferred.push_back(r);
+        continue;
+      }
+      batch.push_back(r);
       std::set<std::string> asked;
       for (const auto& item : r->items) {
         if (!external.contains(item.mm_hash) && asked.insert(item.mm_hash).second &&
@@ -709,7 +719,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     // The store loads land in encoder-cache entries the engine allocates, then are
     // bound to their pushes like encoded outputs.
     std::map<std::string, std::vector<std::byte>> loaded_entries;
-    if (!meta.store_loads.empty()) {
+    if (!meta.store_loads.empty() || !meta.store_prefetches.empty()) {
       const auto report = worker.start_load_caches(meta, [&](const scheduler::LoadSpec& load) {
         auto& entry = loaded_entries[load.mm_hash];
         entry.resize(load.spec.nbytes());
@@ -758,7 +768,10 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       ++result.requests;
     }
     if (auto m = worker.build_worker_meta()) scheduler.update_connector_output(m->to_output());
-    if (next >= workload.size() && !worker.push_engine()->pending() && o.clock->now() - started >= o.run_for) break;
+    if (next >= workload.size() && deferred.empty() && !worker.push_engine()->pending() &&
+        o.clock->now() - started >= o.run_for) {
+      break;
+    }
     if (batch.empty()) {
       if (gated) {
         // Waiting for the consumer's answer: wake as soon as it comes.

@@ -6,6 +6,7 @@
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/push_planner.h"
 #include "connector/scheduler/request_failures.h"
+#include "connector/scheduler/store_gate.h"
 
 namespace ecx::scheduler {
 
@@ -20,6 +21,8 @@ CoordinatorOptions CoordinatorOptions::from_config(const Config& config, DType m
   o.table.tombstone_max = config.tombstone_max;
   o.table.resident_capacity_bytes = config.effective_resident_capacity();
   o.cross_encoder_cache = config.cross_encoder_cache;
+  // A prefetch is one store read (bounded by store_io_timeout_s) behind other prefetches.
+  o.store_prefetch_timeout = seconds_to_duration(4 * config.store_io_timeout_s + 1.0);
   o.encoder_output_width = config.encoder_output_width > 0 ? config.encoder_output_width : model_hidden_width;
   o.encoder_dtype = model_dtype;
   o.max_tensor_bytes = config.effective_max_tensor_bytes();
@@ -42,9 +45,10 @@ SchedulerCoordinator::SchedulerCoordinator(CoordinatorOptions options, std::shar
                                            std::shared_ptr<ConsumerControl> control)
     : options_(normalized(std::move(options))),
       failures_(std::make_unique<RequestFailures>(options_.max_notified_remembered)),
-      gate_(std::make_unique<ConsumerGate>(options_, std::move(clock), std::move(events), std::move(control),
+      gate_(std::make_unique<ConsumerGate>(options_, clock, std::move(events), std::move(control),
                                            *failures_)),
-      planner_(std::make_unique<PushPlanner>(options_, *failures_)) {}
+      planner_(std::make_unique<PushPlanner>(options_, *failures_)),
+      store_(std::make_unique<StoreGate>(options_, std::move(clock))) {}
 
 SchedulerCoordinator::~SchedulerCoordinator() { close(); }
 
@@ -52,16 +56,16 @@ void SchedulerCoordinator::close() { gate_->close(); }
 
 bool SchedulerCoordinator::has_pending_push_work() const noexcept {
   if (gate_->closed()) return false;
-  return planner_->pushes_in_flight() || gate_->loads_in_flight();
+  return planner_->pushes_in_flight() || gate_->loads_in_flight() || store_->work_in_flight();
 }
 
 bool SchedulerCoordinator::has_cache_item(std::string_view identifier) {
   // A consumer's own transfers first; a producer's shared store after.
-  return gate_->has_cache_item(identifier) || planner_->store_has(identifier);
+  return gate_->has_cache_item(identifier) || store_->has_cache_item(identifier);
 }
 
 void SchedulerCoordinator::set_store_presence(std::shared_ptr<StorePresence> store) {
-  planner_->set_store(std::move(store));
+  store_->set_store(std::move(store));
 }
 
 bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, std::int64_t num_computed_tokens) {
@@ -70,8 +74,9 @@ bool SchedulerCoordinator::ensure_cache_available(const RequestView& request, st
   }
   // The producer plans before the consumer drains: one instance can be both.
   planner_->plan_uncomputed(request, num_computed_tokens);
-  if (!options_.is_consumer) return true;
-  return gate_->admit(request, num_computed_tokens);
+  const bool from_store = store_->admit(request, num_computed_tokens);
+  if (!options_.is_consumer) return from_store;
+  return gate_->admit(request, num_computed_tokens) && from_store;
 }
 
 void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, std::size_t index) {
@@ -81,7 +86,7 @@ void SchedulerCoordinator::update_state_after_alloc(const RequestView& request, 
     return;
   }
   gate_->after_alloc(request, index);
-  planner_->after_alloc(request, index);
+  planner_->after_alloc(request, index, store_->after_alloc(request, index));
 }
 
 void SchedulerCoordinator::update_state_after_free(const RequestView& request, std::size_t index) {
@@ -93,6 +98,7 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
   // Disjoint parts of the plan: the planner's pushes and store candidates, the
   // gate's frees, orphan cancels and loads.
   planner_->take_step(step, meta);
+  store_->take_step(meta);
   gate_->build_step(step, meta);
   return meta;
 }
@@ -100,7 +106,7 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
 void SchedulerCoordinator::update_connector_output(const WorkerOutput& output) {
   gate_->take_output(output);
   planner_->note_pending_saves(output.pending_saves);
-  if (options_.is_producer) planner_->note_failed_loads(output.failed_loads);
+  if (options_.is_producer) store_->take_output(output);
   failures_->add_failed_saves(output.failed_saves);
 }
 
@@ -136,10 +142,14 @@ CoordinatorStats SchedulerCoordinator::stats() const noexcept {
   s.abandoned_events = channel.abandoned_events;
   s.failed_events = channel.failed_events;
   s.pushes_planned = planner.pushes_planned;
-  s.store_lookups = planner.store_lookups;
-  s.store_hits = planner.store_hits;
-  s.store_loads = planner.store_loads;
-  s.store_load_failures = planner.store_load_failures;
+  const auto& store = store_->stats();
+  s.store_lookups = store.lookups;
+  s.store_hits = store.hits;
+  s.store_prefetches = store.prefetches;
+  s.store_prefetch_failures = store.prefetch_failures;
+  s.store_prefetch_timeouts = store.prefetch_timeouts;
+  s.store_loads = store.loads;
+  s.store_load_failures = store.load_failures;
   s.push_conflicts = planner.push_conflicts;
   s.unresolved_transfer_ids = failures.unresolved_transfer_ids;
   s.malformed_requests = failures.malformed_requests;

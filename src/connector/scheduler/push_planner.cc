@@ -15,21 +15,11 @@ void PushPlanner::plan_uncomputed(const RequestView& request, std::int64_t num_c
   }
 }
 
-void PushPlanner::after_alloc(const RequestView& request, std::size_t index) {
+void PushPlanner::after_alloc(const RequestView& request, std::size_t index, bool from_store) {
   if (!options_.is_producer || request.has_malformed_params()) return;
   plan_push(request, index);
   const MmFeature& feature = request.mm_features[index];
-  if (store_hits_this_step_.contains(feature.identifier)) {
-    // Allocated as an external item: the workers load it from the store.
-    if (store_loads_planned_.insert(feature.identifier).second) {
-      if (auto spec = output_spec(feature)) {
-        store_loads_.push_back(StoreLoad{feature.identifier, *spec});
-        ++stats_.store_loads;
-      }
-    }
-    return;
-  }
-  if (options_.cross_encoder_cache && feature.modality == "image") {
+  if (!from_store && options_.cross_encoder_cache && feature.modality == "image") {
     if (auto spec = output_spec(feature)) {
       store_candidates_.emplace_back(request.request_id, StoreCandidate{feature.identifier, *spec});
     }
@@ -52,26 +42,6 @@ void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
     store_candidates_.clear();
   }
   meta.pushes = std::exchange(pushes_, {});
-  meta.store_loads = std::exchange(store_loads_, {});
-  store_hits_this_step_.clear();
-  store_loads_planned_.clear();
-}
-
-bool PushPlanner::store_has(std::string_view identifier) {
-  if (!options_.is_producer || !options_.cross_encoder_cache || !store_) return false;
-  ++stats_.store_lookups;
-  if (!store_->present(identifier)) return false;
-  ++stats_.store_hits;
-  store_hits_this_step_.emplace(identifier);
-  return true;
-}
-
-void PushPlanner::note_failed_loads(const std::vector<std::string>& mm_hashes) {
-  if (!store_) return;
-  for (const auto& h : mm_hashes) {
-    store_->forget(h);
-    ++stats_.store_load_failures;
-  }
 }
 
 std::optional<nlohmann::json> PushPlanner::finish(const RequestView& request) {
@@ -148,12 +118,16 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
 }
 
 Result<TensorSpec> PushPlanner::output_spec(const MmFeature& feature) const {
+  return expected_output_spec(options_, feature);
+}
+
+Result<TensorSpec> expected_output_spec(const CoordinatorOptions& options, const MmFeature& feature) {
   if (feature.output_spec) return *feature.output_spec;
-  if (options_.encoder_output_width <= 0) {
+  if (options.encoder_output_width <= 0) {
     return invalid_argument("the encoder output width is unknown (set encoder_output_width)");
   }
-  return TensorSpec::make({feature.num_encoder_embeds, options_.encoder_output_width}, options_.encoder_dtype,
-                          options_.max_tensor_bytes);
+  return TensorSpec::make({feature.num_encoder_embeds, options.encoder_output_width}, options.encoder_dtype,
+                          options.max_tensor_bytes);
 }
 
 }  // namespace ecx::scheduler

@@ -24,15 +24,15 @@
 
 namespace ecx::scheduler {
 
+// The encoder output an item will have: its own output spec, else
+// [num_encoder_embeds, encoder_output_width] in encoder_dtype.
+Result<TensorSpec> expected_output_spec(const CoordinatorOptions& options, const MmFeature& feature);
+
 class PushPlanner {
  public:
   struct Stats {
     std::uint64_t pushes_planned = 0;
     std::uint64_t push_conflicts = 0;  // a transfer id already planned for other content
-    std::uint64_t store_lookups = 0;   // has_cache_item asked the store's presence index
-    std::uint64_t store_hits = 0;      // has_cache_item answered from the store
-    std::uint64_t store_loads = 0;     // store loads handed to the workers
-    std::uint64_t store_load_failures = 0;
   };
 
   // `options` and `failures` must outlive the planner; a pure consumer's planner
@@ -41,9 +41,9 @@ class PushPlanner {
 
   // The gate saw the request: plans the push of every item not computed yet.
   void plan_uncomputed(const RequestView& request, std::int64_t num_computed_tokens);
-  // The engine allocated item `index` (it encodes it here): plans its push and,
-  // with the cross-encoder cache, offers the output to the store.
-  void after_alloc(const RequestView& request, std::size_t index);
+  // The engine allocated item `index`: plans its push and, with the cross-encoder
+  // cache, offers the output to the store unless it came from there.
+  void after_alloc(const RequestView& request, std::size_t index, bool from_store = false);
   // Hands this step's planned pushes and store candidates (without those of
   // preempted requests; one per hash, the latest) to `meta`.
   void take_step(const StepView& step, ConnectorMeta& meta);
@@ -54,13 +54,6 @@ class PushPlanner {
   // transfer id, and the bindings it planned ("ec_items"); forgets those bindings.
   // Empty for a pure consumer or a request without items.
   std::optional<nlohmann::json> finish(const RequestView& request);
-
-  // Cross-encoder cache (producer): whether `identifier` is in the shared store; an
-  // item answered present is loaded from the store in this step, not encoded.
-  bool store_has(std::string_view identifier);
-  void set_store(std::shared_ptr<StorePresence> store) { store_ = std::move(store); }
-  // The workers' loads that failed: forgotten, so they are encoded next time.
-  void note_failed_loads(const std::vector<std::string>& mm_hashes);
 
   std::size_t bindings() const noexcept { return push_bindings_.size(); }
   const Stats& stats() const noexcept { return stats_; }
@@ -84,10 +77,6 @@ class PushPlanner {
   detail::StringMap<PushBinding> push_bindings_;
   detail::StringMap<std::vector<std::string>> bindings_by_request_;
   std::vector<std::pair<std::string, StoreCandidate>> store_candidates_;  // (request id, candidate)
-  std::shared_ptr<StorePresence> store_;
-  detail::StringSet store_hits_this_step_;  // has_cache_item said "in the store"
-  detail::StringSet store_loads_planned_;   // of those, allocated (one load per hash and step)
-  std::vector<StoreLoad> store_loads_;
   bool pending_saves_ = false;
 };
 

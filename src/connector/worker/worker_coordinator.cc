@@ -11,6 +11,7 @@
 #include "core/logging.h"
 #include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
+#include "connector/worker/store_prefetcher.h"
 #include "ecx/store/store_config.h"
 
 namespace ecx::worker {
@@ -28,6 +29,13 @@ WorkerMeta WorkerMeta::aggregate(const WorkerMeta& other) const {
   out.pending_saves = pending_saves || other.pending_saves;
   // A hash one rank loaded and another failed is a failed load.
   for (const auto& h : out.failed_loads) out.loaded.erase(h);
+  std::set_intersection(store_ready.begin(), store_ready.end(), other.store_ready.begin(), other.store_ready.end(),
+                        std::inserter(out.store_ready, out.store_ready.end()));
+  out.store_failed = store_failed;
+  out.store_failed.insert(other.store_failed.begin(), other.store_failed.end());
+  out.store_dropped = store_dropped;
+  out.store_dropped.insert(other.store_dropped.begin(), other.store_dropped.end());
+  for (const auto& h : out.store_failed) out.store_ready.erase(h);
   return out;
 }
 
@@ -38,6 +46,9 @@ scheduler::WorkerOutput WorkerMeta::to_output() const {
   out.reclaimed.assign(reclaimed.begin(), reclaimed.end());
   out.pending_saves = pending_saves;
   out.failed_saves.assign(failed_saves.begin(), failed_saves.end());
+  out.store_ready.assign(store_ready.begin(), store_ready.end());
+  out.store_failed.assign(store_failed.begin(), store_failed.end());
+  out.store_dropped.assign(store_dropped.begin(), store_dropped.end());
   return out;
 }
 
@@ -62,6 +73,7 @@ struct WorkerCoordinator::StoreSide {
   std::atomic<std::uint64_t> publish_skipped{0};  // no room: not even copied
   std::vector<std::byte> bounce;      // device loads land here first
   store::PublisherCounters publisher_at_stop;  // once the publisher is gone
+  std::unique_ptr<StorePrefetcher> prefetcher;  // last: its thread reads `loads`
 
   store::PublisherCounters publisher_counters() const {
     return publisher ? publisher->counters() : publisher_at_stop;
@@ -112,6 +124,9 @@ Result<std::unique_ptr<WorkerCoordinator>> WorkerCoordinator::start(const Config
       w->store_->publishing = std::move(*publishing);
       w->store_->publisher =
           std::make_unique<store::Publisher>(w->store_->publishing, store::publisher_options(config));
+      // Held copies the engine does not allocate within a minute are given back.
+      w->store_->prefetcher = std::make_unique<StorePrefetcher>(w->store_->loads, config.store_prefetch_max_bytes,
+                                                                std::chrono::seconds(60), clock);
       ecx::log::get("worker")->info("cross-encoder cache on {} (prefix {}, model {})", w->store_->loads->describe(),
                                     config.store_prefix, config.store_model);
     }
@@ -195,8 +210,27 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
 void WorkerCoordinator::load_from_store(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
                                         LoadReport& report) {
   auto log = ecx::log::get("worker");
+  for (const auto& item : meta.store_prefetches) store_->prefetcher->request(item);
   for (const auto& item : meta.store_loads) {
     const scheduler::LoadSpec load{item.mm_hash, std::string(), item.spec, false};
+    if (auto copy = store_->prefetcher->take(item.mm_hash); copy && copy->spec == item.spec) {
+      // Verified when it was prefetched: a local copy into the engine's allocation.
+      auto d = allocate(load);
+      Status s = d.status();
+      if (s && !d->cuda) std::memcpy(d->data, copy->bytes.data(), copy->bytes.size());
+      if (s && d->cuda) s = copy_to_device(copy->bytes.data(), *d, copy->bytes.size());
+      if (!s) {
+        ++store_->load_failures;
+        log->warn("load of mm_hash={} (prefetched) failed: {}", item.mm_hash, s.to_string());
+        step_.failed_loads.insert(item.mm_hash);
+        report.failed.push_back(item.mm_hash);
+        continue;
+      }
+      ++store_->loaded;
+      step_.loaded.insert(item.mm_hash);
+      report.loaded.push_back(item.mm_hash);
+      continue;
+    }
     std::optional<LoadDestination> destination;
     auto land = [&](const TensorSpec& spec) -> Result<std::span<std::byte>> {
       // An entry of another shape is not this item's output (another model revision
@@ -292,6 +326,11 @@ StoreWorkerCounters WorkerCoordinator::store_counters() const {
   const auto loads = store_->loads->counters();
   const auto writes = store_->publishing->counters();
   const auto p = store_->publisher_counters();
+  const auto prefetch = store_->prefetcher->counters();
+  c.prefetched = prefetch.prefetched;
+  c.prefetch_failures = prefetch.failed;
+  c.prefetch_dropped = prefetch.dropped;
+  c.prefetch_held_bytes = prefetch.held_bytes;
   c.loads = store_->loaded;
   c.load_failures = store_->load_failures;
   c.bytes_loaded = loads.bytes_loaded;
@@ -318,6 +357,12 @@ std::optional<WorkerMeta> WorkerCoordinator::build_worker_meta() {
   if (shard_) {
     for (auto& h : shard_->drain_reclaimed()) step_.reclaimed.insert(std::move(h));
   }
+  if (store_) {
+    auto r = store_->prefetcher->drain();
+    step_.store_ready.insert(r.ready.begin(), r.ready.end());
+    step_.store_failed.insert(r.failed.begin(), r.failed.end());
+    step_.store_dropped.insert(r.dropped.begin(), r.dropped.end());
+  }
   if (pushes_) {
     for (auto& failure : pushes_->drain_failures()) {
       for (auto& request : failure.request_ids) step_.failed_saves.insert(std::move(request));
@@ -339,6 +384,12 @@ void WorkerCoordinator::export_metrics(metrics::Registry& registry) {
       auto counter = [&](std::string_view name, std::string_view help, std::uint64_t v) {
         sink.sample(name, help, metrics::SampleType::counter, {}, static_cast<double>(v));
       };
+      counter("store_prefetched_total", "Store entries read and verified ahead of their allocation", c.prefetched);
+      counter("store_prefetch_failures_total", "Prefetches the store could not give (the item is encoded)",
+              c.prefetch_failures);
+      counter("store_prefetch_dropped_total", "Prefetched copies nobody allocated in time", c.prefetch_dropped);
+      sink.sample("store_prefetch_held_bytes", "Host bytes of prefetched store entries held",
+                  metrics::SampleType::gauge, {}, static_cast<double>(c.prefetch_held_bytes));
       counter("store_loads_total", "Items loaded from the shared store instead of encoded", c.loads);
       counter("store_load_failures_total", "Store loads that failed (absent, corrupt, store down or slow)",
               c.load_failures);

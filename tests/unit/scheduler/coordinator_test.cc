@@ -1,5 +1,7 @@
 #include "ecx/connector/scheduler/coordinator.h"
 
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "fakes.h"
@@ -102,6 +104,121 @@ TEST(CoordinatorProducer, StoreCandidatesExcludePreemptedRequests) {
   ASSERT_EQ(meta.store_candidates.size(), 1u);
   EXPECT_EQ(meta.store_candidates[0].mm_hash, "ha");
   EXPECT_TRUE(h.step().store_candidates.empty());
+}
+
+// A test double of the store's presence index: what the shared store holds.
+class FakeStorePresence final : public StorePresence {
+ public:
+  bool present(std::string_view mm_hash) override { return held.contains(std::string(mm_hash)); }
+  void forget(std::string_view mm_hash) override {
+    held.erase(std::string(mm_hash));
+    forgotten.emplace_back(mm_hash);
+  }
+  std::set<std::string> held;
+  std::vector<std::string> forgotten;
+};
+
+struct StoreHarness {
+  explicit StoreHarness(bool asynchronous) : h(options(asynchronous)) {
+    store->held = {"in-store", "corrupt"};
+    h.coordinator.set_store_presence(store);
+  }
+  static CoordinatorOptions options(bool asynchronous) {
+    auto o = testing::producer_options();
+    o.cross_encoder_cache = true;
+    o.asynchronous_loads = asynchronous;
+    return o;
+  }
+  void report(WorkerOutput out) { h.coordinator.update_connector_output(out); }
+  Harness h;
+  std::shared_ptr<FakeStorePresence> store = std::make_shared<FakeStorePresence>();
+};
+
+TEST(CoordinatorStore, AnItemIsClaimedOnlyOnceTheWorkersPrefetchedItAndIsThenLoadedNotEncoded) {
+  StoreHarness s(/*asynchronous=*/true);
+  auto r = request("r1", {"in-store", "fresh"}, {"t1", "t2"}, "tcp://c:1");
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0)) << "deferred while the prefetch runs";
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("in-store")) << "not claimed before it is verified";
+  auto meta = s.h.step();
+  ASSERT_EQ(meta.store_prefetches.size(), 1u);
+  EXPECT_EQ(meta.store_prefetches[0].mm_hash, "in-store");
+  EXPECT_EQ(meta.pushes.size(), 2u) << "pushes are planned at once: a loaded item is pushed like an encoded one";
+  EXPECT_TRUE(s.h.coordinator.has_pending_push_work()) << "the engine keeps stepping for the answer";
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(s.h.step().store_prefetches.empty()) << "asked once";
+  s.report(WorkerOutput{.store_ready = {"in-store"}});
+  ASSERT_TRUE(s.h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(s.h.coordinator.has_cache_item("in-store"));
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("fresh"));
+  s.h.coordinator.update_state_after_alloc(r, 0);
+  s.h.coordinator.update_state_after_alloc(r, 1);
+  meta = s.h.step();
+  ASSERT_EQ(meta.store_loads.size(), 1u);
+  EXPECT_EQ(meta.store_loads[0].mm_hash, "in-store");
+  ASSERT_EQ(meta.store_candidates.size(), 1u) << "only the encoded item is offered to the store";
+  EXPECT_EQ(meta.store_candidates[0].mm_hash, "fresh");
+  const auto stats = s.h.coordinator.stats();
+  EXPECT_EQ(stats.store_prefetches, 1u);
+  EXPECT_EQ(stats.store_hits, 1u);
+  EXPECT_EQ(stats.store_loads, 1u);
+  // The prefetched copy went into that load: the next request prefetches again.
+  auto again = request("r2", {"in-store"}, {"t3"}, "tcp://c:1");
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(again, 0));
+}
+
+TEST(CoordinatorStore, AnEntryTheWorkersCannotGiveIsEncodedAndForgotten) {
+  StoreHarness s(/*asynchronous=*/true);
+  auto r = request("r1", {"corrupt"}, {"t1"}, "tcp://c:1");
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0));
+  (void)s.h.step();
+  s.report(WorkerOutput{.store_failed = {"corrupt"}});
+  EXPECT_TRUE(s.h.coordinator.ensure_cache_available(r, 0)) << "encoded instead";
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("corrupt"));
+  EXPECT_EQ(s.store->forgotten, std::vector<std::string>{"corrupt"});
+  s.h.coordinator.update_state_after_alloc(r, 0);
+  auto meta = s.h.step();
+  EXPECT_TRUE(meta.store_loads.empty());
+  ASSERT_EQ(meta.store_candidates.size(), 1u) << "encoded, so written again (good) to the store";
+  EXPECT_EQ(s.h.coordinator.stats().store_prefetch_failures, 1u);
+}
+
+TEST(CoordinatorStore, APrefetchTheWorkersDoNotAnswerInTimeIsEncoded) {
+  StoreHarness s(/*asynchronous=*/true);
+  auto r = request("r1", {"in-store"}, {"t1"}, "tcp://c:1");
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0));
+  s.h.advance(StoreHarness::options(true).store_prefetch_timeout + std::chrono::milliseconds(1));
+  EXPECT_TRUE(s.h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("in-store"));
+  EXPECT_FALSE(s.h.coordinator.has_pending_push_work());
+  s.report(WorkerOutput{.store_ready = {"in-store"}});  // late: ignored
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("in-store"));
+  EXPECT_EQ(s.h.coordinator.stats().store_prefetch_timeouts, 1u);
+}
+
+TEST(CoordinatorStore, WithSynchronousLoadsThePresenceIndexIsTrustedAndAFailedLoadForgotten) {
+  StoreHarness s(/*asynchronous=*/false);
+  auto r = request("r1", {"in-store"}, {"t1"}, "tcp://c:1");
+  EXPECT_TRUE(s.h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(s.h.coordinator.has_cache_item("in-store"));
+  s.h.coordinator.update_state_after_alloc(r, 0);
+  auto meta = s.h.step();
+  EXPECT_TRUE(meta.store_prefetches.empty());
+  ASSERT_EQ(meta.store_loads.size(), 1u);
+  s.report(WorkerOutput{.failed_loads = {"in-store"}});
+  EXPECT_EQ(s.store->forgotten, std::vector<std::string>{"in-store"});
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("in-store"));
+  EXPECT_EQ(s.h.coordinator.stats().store_load_failures, 1u);
+}
+
+TEST(CoordinatorStore, WithoutTheCrossEncoderCacheTheStoreIsNeverAsked) {
+  Harness h(testing::producer_options());
+  auto store = std::make_shared<FakeStorePresence>();
+  store->held = {"h"};
+  h.coordinator.set_store_presence(store);
+  auto r = request("r1", {"h"}, {"t1"}, "tcp://c:1");
+  EXPECT_TRUE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_FALSE(h.coordinator.has_cache_item("h"));
+  EXPECT_EQ(h.coordinator.stats().store_lookups, 0u);
 }
 
 TEST(CoordinatorProducer, FailedSavesFailTheirRequestsOnce) {

@@ -107,59 +107,6 @@ TEST(PushPlanner, StoreCandidatesKeepTheLatestPerHashAndSkipPreemptedRequests) {
   EXPECT_TRUE(p.step().store_candidates.empty());
 }
 
-// A test double of the store's presence index: what the shared store holds.
-class FakeStorePresence final : public StorePresence {
- public:
-  bool present(std::string_view mm_hash) override { return held.contains(std::string(mm_hash)); }
-  void forget(std::string_view mm_hash) override {
-    held.erase(std::string(mm_hash));
-    forgotten.emplace_back(mm_hash);
-  }
-  std::set<std::string> held;
-  std::vector<std::string> forgotten;
-};
-
-TEST(PushPlanner, AnItemInTheStoreIsLoadedNotEncodedStillPushedAndNotOfferedAgain) {
-  auto options = testing::producer_options();
-  options.cross_encoder_cache = true;
-  Planner p(options);
-  auto store = std::make_shared<FakeStorePresence>();
-  store->held = {"in-store"};
-  p.planner.set_store(store);
-  auto r = request("r1", {"in-store", "fresh"}, {"t1", "t2"}, "tcp://c:1");
-  EXPECT_TRUE(p.planner.store_has("in-store"));
-  EXPECT_FALSE(p.planner.store_has("fresh"));
-  p.planner.after_alloc(r, 0);
-  p.planner.after_alloc(r, 1);
-  auto meta = p.step();
-  ASSERT_EQ(meta.store_loads.size(), 1u);
-  EXPECT_EQ(meta.store_loads[0].mm_hash, "in-store");
-  ASSERT_EQ(meta.store_candidates.size(), 1u) << "only the encoded item is offered to the store";
-  EXPECT_EQ(meta.store_candidates[0].mm_hash, "fresh");
-  EXPECT_EQ(meta.pushes.size(), 2u) << "a loaded item is pushed like an encoded one";
-  // The claim lasts one step: allocated later without asking again, it is encoded.
-  auto later = request("r2", {"in-store"}, {"t3"}, "tcp://c:1");
-  p.planner.after_alloc(later, 0);
-  EXPECT_TRUE(p.step().store_loads.empty());
-  // A failed load is forgotten by the presence index, so the next ask encodes it.
-  p.planner.note_failed_loads({"in-store"});
-  EXPECT_EQ(store->forgotten, std::vector<std::string>{"in-store"});
-  EXPECT_FALSE(p.planner.store_has("in-store"));
-  EXPECT_EQ(p.planner.stats().store_lookups, 3u);
-  EXPECT_EQ(p.planner.stats().store_hits, 1u);
-  EXPECT_EQ(p.planner.stats().store_loads, 1u);
-  EXPECT_EQ(p.planner.stats().store_load_failures, 1u);
-}
-
-TEST(PushPlanner, WithoutTheCrossEncoderCacheTheStoreIsNeverAsked) {
-  Planner p;  // cross_encoder_cache off
-  auto store = std::make_shared<FakeStorePresence>();
-  store->held = {"h"};
-  p.planner.set_store(store);
-  EXPECT_FALSE(p.planner.store_has("h"));
-  EXPECT_EQ(p.planner.stats().store_lookups, 0u);
-}
-
 TEST(PushPlanner, MalformedParamsAreNotPlannedAtAllocation) {
   Planner p;
   RequestView r = request("r1", {"h0"}, {"t0"}, "tcp://c:1");

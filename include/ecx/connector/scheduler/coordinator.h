@@ -31,6 +31,7 @@ namespace ecx::scheduler {
 class ConsumerGate;
 class PushPlanner;
 class RequestFailures;
+class StoreGate;
 
 struct CoordinatorOptions {
   bool is_producer = false;
@@ -41,6 +42,9 @@ struct CoordinatorOptions {
   Duration push_wait_timeout = std::chrono::seconds(60);  // waiting_event and loading deadline
   TableLimits table;                                      // reservation TTL, tombstones, resident capacity
   bool cross_encoder_cache = false;
+  // Cross-encoder cache: how long a request waits for its items' prefetch from the store
+  // before they are encoded instead.
+  Duration store_prefetch_timeout = std::chrono::seconds(2);
   // Producer: shape [num_encoder_embeds, encoder_output_width] in encoder_dtype
   // for items whose output spec the caller did not give.
   std::int64_t encoder_output_width = 0;
@@ -101,8 +105,11 @@ struct CoordinatorStats {
   std::uint64_t local_fallbacks = 0;
   std::uint64_t stranded_items = 0;
   // Producer, cross-encoder cache.
-  std::uint64_t store_lookups = 0;        // has_cache_item questions put to the store's presence index
+  std::uint64_t store_lookups = 0;        // items whose presence in the store was asked
   std::uint64_t store_hits = 0;           // has_cache_item answered from the shared store
+  std::uint64_t store_prefetches = 0;     // prefetches asked of the workers (asynchronous loads)
+  std::uint64_t store_prefetch_failures = 0;  // the store could not give them: encoded instead
+  std::uint64_t store_prefetch_timeouts = 0;  // not prefetched in time: encoded instead
   std::uint64_t store_loads = 0;          // items loaded from it instead of encoded
   std::uint64_t store_load_failures = 0;  // of those, reported failed by a worker
 };
@@ -175,6 +182,7 @@ class SchedulerCoordinator {
   std::unique_ptr<RequestFailures> failures_;
   std::unique_ptr<ConsumerGate> gate_;
   std::unique_ptr<PushPlanner> planner_;
+  std::unique_ptr<StoreGate> store_;
 };
 
 }  // namespace ecx::scheduler

@@ -100,6 +100,11 @@ struct ConnectorMeta {
   // the scheduler already queued the remote cancel.
   std::vector<std::string> orphan_cancels;
   std::vector<StoreCandidate> store_candidates;
+  // Producer, cross-encoder cache: items the workers load from the store into host
+  // memory (verified) and report in WorkerOutput::store_ready or store_failed ...
+  std::vector<StoreLoad> store_prefetches;
+  // ... and items the engine allocated without encoding them: the workers copy them
+  // into its encoder cache (from the prefetched copy, else straight from the store).
   std::vector<StoreLoad> store_loads;
   std::vector<PushSpec> pushes;
   std::vector<LoadSpec> loads;
@@ -108,11 +113,16 @@ struct ConnectorMeta {
 // Aggregated report of the workers (vLLM's ECConnectorWorkerMetadata after
 // aggregation across ranks: loaded intersected, the rest united).
 struct WorkerOutput {
-  std::vector<std::string> loaded;        // mm_hashes now in every rank's encoder cache
-  std::vector<std::string> failed_loads;  // mm_hashes a rank could not take
-  std::vector<std::string> reclaimed;     // mm_hashes whose resident copy a rank dropped
-  bool pending_saves = false;             // producer I/O still in flight
-  std::vector<std::string> failed_saves;  // request ids whose push failed
+  std::vector<std::string> loaded{};        // mm_hashes now in every rank's encoder cache
+  std::vector<std::string> failed_loads{};  // mm_hashes a rank could not take
+  std::vector<std::string> reclaimed{};     // mm_hashes whose resident copy a rank dropped
+  bool pending_saves = false;               // producer I/O still in flight
+  std::vector<std::string> failed_saves{};  // request ids whose push failed
+  // Cross-encoder cache: prefetches now held by every rank, prefetches a rank could
+  // not make, and prefetched copies a rank dropped unused.
+  std::vector<std::string> store_ready{};
+  std::vector<std::string> store_failed{};
+  std::vector<std::string> store_dropped{};
 };
 
 // request_finished's answer: vLLM's (delay_free, ec_transfer_params).

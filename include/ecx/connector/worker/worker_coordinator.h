@@ -34,6 +34,11 @@ struct WorkerMeta {
   std::set<std::string> reclaimed;     // mm_hashes whose resident copy this rank dropped
   bool pending_saves = false;          // producer I/O still in flight
   std::set<std::string> failed_saves;  // request ids whose push failed
+  // Cross-encoder cache (producer): prefetched store entries now held, prefetches that
+  // failed (absent, corrupt, another model's, store down or slow), held copies dropped.
+  std::set<std::string> store_ready;
+  std::set<std::string> store_failed;
+  std::set<std::string> store_dropped;
 
   // Across TP ranks: loaded is the intersection (every rank gathers from its own
   // cache, so one missing rank fails the load); failures and reclaims are unions (the
@@ -51,6 +56,10 @@ struct LoadDestination {
 
 // Producer, cross-encoder cache: what this worker did with the shared store.
 struct StoreWorkerCounters {
+  std::uint64_t prefetched = 0;           // entries read and verified ahead of their allocation
+  std::uint64_t prefetch_failures = 0;    // of those asked, not given by the store (then encoded)
+  std::uint64_t prefetch_dropped = 0;     // held copies nobody allocated in time
+  std::uint64_t prefetch_held_bytes = 0;  // gauge
   std::uint64_t loads = 0;          // items loaded from the store instead of encoded
   std::uint64_t load_failures = 0;  // store loads that failed (absent, corrupt, store down or slow)
   std::uint64_t bytes_loaded = 0;
