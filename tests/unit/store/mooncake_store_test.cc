@@ -18,8 +18,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "ecx/core/config.h"
 #include "ecx/store/embedding_store.h"
 #include "ecx/store/mooncake_store.h"
+#include "ecx/store/store_config.h"
 #include "sim/process.h"
 #include "store/entry_format.h"
 #include "store/mooncake_store_api.h"
@@ -177,6 +179,34 @@ TEST(MooncakeStoreOpen, NamesTheLibraryThatDoesNotLoad) {
   EXPECT_NE(s.status().message().find(kLibEnv), std::string::npos);
   o.keys.model.clear();
   EXPECT_EQ(open_mooncake_store(o).status().code(), StatusCode::invalid_argument);
+}
+
+TEST(MooncakeStoreConfig, ReadsTheMasterAndMetadataFromStoreUrl) {
+  Config c;
+  c.store_model = "m@1";
+  c.store_url =
+      "mooncake://10.0.0.5:50051?metadata=http://10.0.0.5:8080/metadata&local_hostname=10.0.0.9&protocol=rdma"
+      "&device=mlx5_0";
+  auto o = mooncake_options(c);
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->master_server, "10.0.0.5:50051");
+  EXPECT_EQ(o->metadata_server, "http://10.0.0.5:8080/metadata");
+  EXPECT_EQ(o->local_hostname, "10.0.0.9");
+  EXPECT_EQ(o->protocol, "rdma");
+  EXPECT_EQ(o->device_name, "mlx5_0");
+  EXPECT_EQ(o->keys.model, "m@1");
+  EXPECT_TRUE(o->library_path.empty()) << "the library comes from the environment";
+  for (const char* bad :
+       {"mooncake://10.0.0.5:50051", "mooncake://10.0.0.5?metadata=P2PHANDSHAKE", "mooncake://h:0?metadata=x",
+        "mooncake://h:1?metadata=x&colour=red", "mooncake://h:1?metadata="}) {
+    c.store_url = bad;
+    auto r = mooncake_options(c);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.status().message().find("store_url"), std::string::npos) << r.status().message();
+  }
+  c.store_url = "mooncake://h:1?metadata=P2PHANDSHAKE";
+  c.store_model.clear();
+  EXPECT_NE(mooncake_options(c).status().message().find("store_model"), std::string::npos);
 }
 
 TEST_F(MooncakeStoreTest, PutThenGetIsBitExactAndChecksummed) {
