@@ -4,9 +4,11 @@
 // written from and read into one buffer registered with the client once, and
 // verified (header and xxHash64) before the caller's landing sees a byte.
 //
-// The client is set up on the first call. When the master cannot be reached the
-// client is dropped and calls fail fast until reconnect_interval_s passed; then one
-// call sets a new client up.
+// The client is set up on the first call (and, after a failed setup, again once
+// reconnect_interval_s passed). When the master stops answering, calls fail fast
+// until reconnect_interval_s passed; the client is kept, since Mooncake's own
+// heartbeat reconnects it and remounts its segment (tearing a client down while the
+// master is gone waits for the master's RPC timeout, seconds).
 
 #include "ecx/store/mooncake_store.h"
 
@@ -112,6 +114,7 @@ class MooncakeStore final : public EmbeddingStore {
     for (int r : results) {
       if (r < 0) return failed("batch_is_exist", r);
     }
+    up();
     std::vector<bool> out;
     out.reserve(keys.size());
     for (int r : results) {
@@ -128,6 +131,7 @@ class MooncakeStore final : public EmbeddingStore {
     ++counters_.gets;
     if (Status s = connect(); !s) return s;
     const std::int64_t n = api_->get_into(client_->handle(), key->c_str(), buffer_.data(), buffer_.size());
+    if (n >= 0 || n == mooncake::kObjectNotFound) up();
     if (n == mooncake::kObjectNotFound) return not_found(fmt::format("no entry for {} in {}", mm_hash, describe()));
     if (n < 0) {
       if (unreachable(n)) return failed("get_into", n);
@@ -186,6 +190,7 @@ class MooncakeStore final : public EmbeddingStore {
     const int rc = api_->put_from(client_->handle(), key->c_str(), buffer_.data(), total, nullptr);
     // Keys are content hashes: an entry already there holds these bytes (a bad one is
     // refused and removed by the get that finds it).
+    if (rc == 0 || rc == mooncake::kObjectAlreadyExists) up();
     if (rc == mooncake::kObjectAlreadyExists) return Status::ok();
     if (rc != 0) return failed("put_from", rc);
     ++counters_.puts;
@@ -205,13 +210,13 @@ class MooncakeStore final : public EmbeddingStore {
  private:
   // Sets the client up unless it is, or failed less than reconnect_interval_s ago.
   Status connect() {
-    if (client_) return Status::ok();
     const TimePoint now = clock_->now();
     if (now < retry_at_) {
       ++counters_.errors;
       return unavailable(fmt::format("{} is unreachable ({}); next attempt in {:.0f} ms", describe(), last_error_,
                                      std::chrono::duration<double, std::milli>(retry_at_ - now).count()));
     }
+    if (client_) return Status::ok();
     mooncake::ClientHandle handle = api_->create();
     if (handle == nullptr) return down("mooncake_store_create returned no client");
     const int rc =
@@ -227,9 +232,13 @@ class MooncakeStore final : public EmbeddingStore {
           fmt::format("registering its {} byte buffer failed: {}", buffer_.size(), mooncake::describe_error(r)));
     }
     client_ = std::make_unique<Client>(api_, handle, buffer_.data());
+    return Status::ok();
+  }
+
+  // A call the master answered, so it is reachable.
+  void up() {
     if (was_down_) log_->info("{} reachable again", describe());
     was_down_ = false;
-    return Status::ok();
   }
 
   Status down(std::string why) {
@@ -242,13 +251,10 @@ class MooncakeStore final : public EmbeddingStore {
     return unavailable(message);
   }
 
-  // A call failed on the store. When the master did not answer, the client is dropped
-  // (a later call sets up a new one) and calls fail fast for a while.
+  // A call failed on the store. When the master did not answer, calls fail fast for a
+  // while (the client is kept: see the top of this file).
   Status failed(std::string_view call, std::int64_t code) {
-    if (unreachable(code)) {
-      client_.reset();
-      return down(fmt::format("{}: {}", call, mooncake::describe_error(code)));
-    }
+    if (unreachable(code)) return down(fmt::format("{}: {}", call, mooncake::describe_error(code)));
     ++counters_.errors;
     return unavailable(fmt::format("{} failed on {}: {}", call, describe(), mooncake::describe_error(code)));
   }
