@@ -366,7 +366,10 @@ const std::vector<KeySpec>& key_table() {
     extra("store_url", "string", "\"\"",
           "The embedding store of the cross-encoder cache: redis://[:password@]host[:port][/db] (port 6379, db 0 by "
           "default). Run Redis with a memory limit and an LRU policy, and notify-keyspace-events K$gxe so encoders "
-          "learn of each other's entries without asking.",
+          "learn of each other's entries without asking. Or a Mooncake Store: "
+          "mooncake://<master host:port>?metadata=<url>[&local_hostname=<host>][&protocol=tcp][&device=<names>], "
+          "with libmooncake_store.so named by the environment variable ECX_MOONCAKE_STORE_LIB (else found by the "
+          "loader).",
           set_string(&Config::store_url));
     extra("store_prefix", "string", "ecx", "First part of every store key: one per cluster or tenant sharing a store.",
           set_string(&Config::store_prefix));

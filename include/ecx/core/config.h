@@ -69,7 +69,7 @@ struct Config {
   std::int64_t encoder_output_width = 0;      // 0 = from the model config
   // Cross-encoder cache: encoders share their outputs through an embedding store.
   bool cross_encoder_cache = false;
-  std::string store_url;             // redis://[:password@]host[:port][/db]
+  std::string store_url;             // redis://[:password@]host[:port][/db] or mooncake://host:port?metadata=...
   std::string store_prefix = "ecx";  // first part of every key (one per cluster or tenant)
   std::string store_model;           // model identity entries are filed under ("<model>@<revision>")
   double store_ttl_s = 3600;

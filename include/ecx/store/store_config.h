@@ -7,6 +7,7 @@
 #include "ecx/core/config.h"
 #include "ecx/core/status.h"
 #include "ecx/store/embedding_store.h"
+#include "ecx/store/mooncake_store.h"
 #include "ecx/store/presence_index.h"
 #include "ecx/store/publisher.h"
 
@@ -14,6 +15,9 @@ namespace ecx::store {
 
 // redis://[[user]:password@]host[:port][/db]; errors name store_url and the form.
 Result<RedisOptions> redis_options(const Config& config, std::shared_ptr<const Clock> clock = nullptr);
+// mooncake://<master host:port>?metadata=<url>[&local_hostname=..][&protocol=..][&device=..];
+// the library comes from $ECX_MOONCAKE_STORE_LIB (else the loader's search path).
+Result<MooncakeStoreOptions> mooncake_options(const Config& config, std::shared_ptr<const Clock> clock = nullptr);
 // One store object (one connection) for config's store.
 Result<std::unique_ptr<EmbeddingStore>> open_store(const Config& config, std::shared_ptr<const Clock> clock = nullptr);
 // The scheduler's presence index: its own lookup connection and the store's change feed.
