@@ -616,9 +616,8 @@ int run_demo(const DemoOptions& options) {
     summary["cross_encoder_hits"] = hits;
     summary["cross_encoder_hit_rate"] = lookups > 0 ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
     for (const char* key : {"store_prefetched", "store_prefetch_failures", "store_prefetch_dropped", "store_loads",
-                            "store_load_failures", "store_bytes_loaded", "store_published",
-                            "store_bytes_published", "store_publish_dropped", "store_publish_failed", "store_errors",
-                            "store_rejected"}) {
+                            "store_load_failures", "store_bytes_loaded", "store_published", "store_bytes_published",
+                            "store_publish_dropped", "store_publish_failed", "store_errors", "store_rejected"}) {
       summary[key] = producer_result->value(key, 0ULL);
     }
   }
@@ -652,16 +651,19 @@ int run_demo(const DemoOptions& options) {
   const bool consistent = summary["invariant_error"].get<std::string>().empty();
   row("pool bookkeeping", consistent ? "consistent" : "INCONSISTENT", mark(consistent));
   row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
-  row("images encoded", fmt::format("{} of {}", summary["encoder_runs"].get<std::uint64_t>(),
-                                    summary["images_requested"].get<std::uint64_t>()),
+  row("images encoded",
+      fmt::format("{} of {}", summary["encoder_runs"].get<std::uint64_t>(),
+                  summary["images_requested"].get<std::uint64_t>()),
       o.encoders > 1 ? fmt::format("({} encoders)", o.encoders) : std::string());
   if (summary.contains("cross_encoder_hits")) {
     row("cross-encoder cache hits",
         fmt::format("{} / {}", summary["cross_encoder_hits"].get<std::uint64_t>(),
                     summary["cross_encoder_lookups"].get<std::uint64_t>()),
         fmt::format("hit rate {:.1f}%, {} loaded, {} load failures, {} published, {} not published",
-                    100 * summary["cross_encoder_hit_rate"].get<double>(), format_bytes(summary["store_bytes_loaded"].get<std::uint64_t>()),
-                    summary["store_load_failures"].get<std::uint64_t>(), summary["store_published"].get<std::uint64_t>(),
+                    100 * summary["cross_encoder_hit_rate"].get<double>(),
+                    format_bytes(summary["store_bytes_loaded"].get<std::uint64_t>()),
+                    summary["store_load_failures"].get<std::uint64_t>(),
+                    summary["store_published"].get<std::uint64_t>(),
                     summary["store_publish_dropped"].get<std::uint64_t>()));
   }
   row("wall time", fmt::format("{:.1f} s", wall));

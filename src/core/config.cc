@@ -635,7 +635,8 @@ std::string describe_config(const Config& c) {
   line("checksum", c.checksum ? "on (xxHash64)" : "off");
   if (c.cross_encoder_cache) {
     const auto at = c.store_url.rfind('@');  // never print a password
-    line("store", fmt::format("{} as {}:{}, ttl {} s", at == std::string::npos ? c.store_url : "redis://***" + c.store_url.substr(at),
+    line("store", fmt::format("{} as {}:{}, ttl {} s",
+                              at == std::string::npos ? c.store_url : "redis://***" + c.store_url.substr(at),
                               c.store_prefix, c.store_model, c.store_ttl_s));
   }
   line("auth", c.auth_secret.empty() ? "off" : "shared secret");

@@ -82,7 +82,6 @@ constexpr std::size_t kRecvChunk = std::size_t{1} << 18;
 constexpr std::uint64_t kEntryOverheadBytes = std::uint64_t{64} << 10;
 constexpr std::uint64_t kSmallReplyBytes = std::uint64_t{1} << 20;
 
-
 // Waits until `fd` is ready for `events` or the deadline passes (timeout). With a
 // manual clock the deadline never moves, so each wait then lasts until the deadline
 // measured when it started, at most.
@@ -197,7 +196,9 @@ Result<ContextPtr> open_connection(const RedisOptions& o, const Clock& clock, st
   return c;
 }
 
-std::string describe_redis(const RedisOptions& o) { return fmt::format("redis tcp://{}:{}/{}", o.host, o.port, o.database); }
+std::string describe_redis(const RedisOptions& o) {
+  return fmt::format("redis tcp://{}:{}/{}", o.host, o.port, o.database);
+}
 
 class RedisStore final : public EmbeddingStore {
  public:
@@ -397,7 +398,6 @@ class RedisStore final : public EmbeddingStore {
   std::vector<char> recv_buffer_ = std::vector<char>(kRecvChunk);
 };
 
-
 // Redis keyspace notifications for one key space, on a connection of its own (a
 // subscribed connection can do nothing else). Its waits are real time: it runs on a
 // background thread that must notice stop requests whatever the injected clock does.
@@ -494,7 +494,8 @@ class RedisFeed final : public PresenceFeed {
     context_.reset();
     last_error_ = why.message();
     retry_at_ = clock_.now() + seconds_to_duration(o_.reconnect_interval_s);
-    if (!was_down_) log_->warn("{} failed: {}; retrying every {} s", describe(), why.message(), o_.reconnect_interval_s);
+    if (!was_down_)
+      log_->warn("{} failed: {}; retrying every {} s", describe(), why.message(), o_.reconnect_interval_s);
     was_down_ = true;
     return unavailable(fmt::format("{}: {}", describe(), why.message()));
   }

@@ -678,10 +678,10 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     staging_budget -= std::min(staging_budget, counters.staging_capacity / 4);  // headroom for fragmentation
     take_answers();
     const bool gated = o.max_unresolved > 0 && unresolved.size() >= static_cast<std::size_t>(o.max_unresolved);
-    while (!gated && next < workload.size() &&
-           active + candidates.size() < static_cast<std::uint64_t>(o.max_active_pushes) && candidates.size() < 8 &&
-           (o.max_unresolved == 0 ||
-            unresolved.size() + candidates.size() < static_cast<std::size_t>(o.max_unresolved))) {
+    while (
+        !gated && next < workload.size() &&
+        active + candidates.size() < static_cast<std::uint64_t>(o.max_active_pushes) && candidates.size() < 8 &&
+        (o.max_unresolved == 0 || unresolved.size() + candidates.size() < static_cast<std::size_t>(o.max_unresolved))) {
       std::uint64_t bytes = 0;
       for (const auto& item : workload[next].items) bytes += item.spec.nbytes();
       if (bytes > staging_budget && active + candidates.size() > 0) break;

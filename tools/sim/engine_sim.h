@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "ecx/connector/worker/worker_coordinator.h"
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
-#include "ecx/connector/worker/worker_coordinator.h"
 #include "ecx/core/status.h"
 #include "sim/workload.h"
 
@@ -66,7 +66,7 @@ struct ConsumerResult {
 struct ConsumerSimOptions {
   Config config;  // consumer role; layout.tp_size = ranks run here
   std::string admit_bind = "tcp://127.0.0.1:0";
-  int producers = 1;  // encoders feeding this consumer: done once each said so
+  int producers = 1;                             // encoders feeding this consumer: done once each said so
   Duration deadline = std::chrono::minutes(10);  // the whole run
   // Once the producer said it is done: how long to wait for the last requests
   // (their pushes may have failed; the scheduler fails them by push_wait_timeout).
@@ -103,7 +103,7 @@ struct ProducerResult {
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
   std::uint64_t rounds = 0;
-  std::uint64_t sim_ns = 0;  // CPU time of the simulator's own work: generating the encoder outputs' content
+  std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: generating the encoder outputs' content
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
   // Cross-encoder cache.
   std::uint64_t store_lookups = 0;  // has_cache_item asked the store's presence index

@@ -62,8 +62,9 @@ RedisServer::Reply RedisServer::raw(const std::vector<std::string>& args) const 
     argv.push_back(a.data());
     lengths.push_back(a.size());
   }
-  return {static_cast<redisReply*>(redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lengths.data())),
-          freeReplyObject};
+  return {
+      static_cast<redisReply*>(redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lengths.data())),
+      freeReplyObject};
 }
 
 bool RedisServer::ping() const {

@@ -76,7 +76,7 @@ struct Config {
   double store_io_timeout_s = 0.5;
   std::uint64_t store_max_pending_items = 32;
   std::uint64_t store_max_pending_bytes = std::uint64_t{2} << 30;
-  std::uint64_t store_presence_max = 1'000'000;  // mm_hashes the scheduler remembers as present
+  std::uint64_t store_presence_max = 1'000'000;                     // mm_hashes the scheduler remembers as present
   std::uint64_t store_prefetch_max_bytes = std::uint64_t{1} << 30;  // verified entries a worker holds
   std::string log_level = "info";
   bool huge_pages = true;

@@ -61,13 +61,13 @@ Result<std::unique_ptr<PresenceFeed>> open_redis_feed(RedisOptions options);
 
 struct PresenceOptions {
   std::size_t max_entries = 1'000'000;
-  std::size_t max_queued = 4'096;  // confirmations waiting
-  std::size_t batch = 256;         // mm_hashes per lookup round trip
-  Duration entry_lifetime = std::chrono::hours(1);        // the store's TTL
-  Duration absent_lifetime = std::chrono::seconds(1);     // a confirmed miss is not asked again sooner
-  std::chrono::milliseconds feed_wait{100};               // how often the feed thread looks at stop
-  std::chrono::milliseconds feed_retry{200};              // after a feed error
-  std::shared_ptr<const Clock> clock;                     // SteadyClock when null
+  std::size_t max_queued = 4'096;                      // confirmations waiting
+  std::size_t batch = 256;                             // mm_hashes per lookup round trip
+  Duration entry_lifetime = std::chrono::hours(1);     // the store's TTL
+  Duration absent_lifetime = std::chrono::seconds(1);  // a confirmed miss is not asked again sooner
+  std::chrono::milliseconds feed_wait{100};            // how often the feed thread looks at stop
+  std::chrono::milliseconds feed_retry{200};           // after a feed error
+  std::shared_ptr<const Clock> clock;                  // SteadyClock when null
 };
 
 struct PresenceCounters {

@@ -45,8 +45,7 @@ SchedulerCoordinator::SchedulerCoordinator(CoordinatorOptions options, std::shar
                                            std::shared_ptr<ConsumerControl> control)
     : options_(normalized(std::move(options))),
       failures_(std::make_unique<RequestFailures>(options_.max_notified_remembered)),
-      gate_(std::make_unique<ConsumerGate>(options_, clock, std::move(events), std::move(control),
-                                           *failures_)),
+      gate_(std::make_unique<ConsumerGate>(options_, clock, std::move(events), std::move(control), *failures_)),
       planner_(std::make_unique<PushPlanner>(options_, *failures_)),
       store_(std::make_unique<StoreGate>(options_, std::move(clock))) {}
 

@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string_view>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 

@@ -62,8 +62,8 @@ class StoreGate {
     State state = State::prefetching;
     TimePoint since;
   };
-  static constexpr std::size_t kMaxEntries = 1'024;        // prefetches in flight or held, all requests
-  static constexpr std::size_t kMaxRefused = 16'384;       // remembered refusals (then forgotten at once)
+  static constexpr std::size_t kMaxEntries = 1'024;   // prefetches in flight or held, all requests
+  static constexpr std::size_t kMaxRefused = 16'384;  // remembered refusals (then forgotten at once)
   static constexpr Duration kRefusedFor = std::chrono::seconds(5);
 
   bool asynchronous() const noexcept { return options_.asynchronous_loads; }

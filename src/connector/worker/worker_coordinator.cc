@@ -1,17 +1,17 @@
 #include "ecx/connector/worker/worker_coordinator.h"
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "connector/worker/store_prefetcher.h"
 #include "core/logging.h"
 #include "ecx/core/stages.h"
 #include "ecx/pool/cuda_staging.h"
-#include "connector/worker/store_prefetcher.h"
 #include "ecx/store/store_config.h"
 
 namespace ecx::worker {
@@ -71,13 +71,11 @@ struct WorkerCoordinator::StoreSide {
   std::atomic<std::uint64_t> loaded{0};
   std::atomic<std::uint64_t> load_failures{0};
   std::atomic<std::uint64_t> publish_skipped{0};  // no room: not even copied
-  std::vector<std::byte> bounce;      // device loads land here first
-  store::PublisherCounters publisher_at_stop;  // once the publisher is gone
-  std::unique_ptr<StorePrefetcher> prefetcher;  // last: its thread reads `loads`
+  std::vector<std::byte> bounce;                  // device loads land here first
+  store::PublisherCounters publisher_at_stop;     // once the publisher is gone
+  std::unique_ptr<StorePrefetcher> prefetcher;    // last: its thread reads `loads`
 
-  store::PublisherCounters publisher_counters() const {
-    return publisher ? publisher->counters() : publisher_at_stop;
-  }
+  store::PublisherCounters publisher_counters() const { return publisher ? publisher->counters() : publisher_at_stop; }
 
   void want(const scheduler::StoreCandidate& c) {
     if (wanted.insert_or_assign(c.mm_hash, c.spec).second) wanted_order.push_back(c.mm_hash);
@@ -248,7 +246,8 @@ void WorkerCoordinator::load_from_store(const scheduler::ConnectorMeta& meta, co
     };
     auto entry = store_->loads->get_into(item.mm_hash, land);
     Status s = entry.status();
-    if (s && destination && destination->cuda) s = copy_to_device(store_->bounce.data(), *destination, item.spec.nbytes());
+    if (s && destination && destination->cuda)
+      s = copy_to_device(store_->bounce.data(), *destination, item.spec.nbytes());
     if (!s) {
       ++store_->load_failures;
       log->warn("load of mm_hash={} from {} failed: {}", item.mm_hash, store_->loads->describe(), s.to_string());

@@ -32,14 +32,13 @@ struct DemoRun {
 
 // One demo run: small images, many repeats, so that encoders meet each other's images.
 DemoRun demo(const std::string& tag, const std::vector<std::string>& extra,
-         const std::function<void(ChildProcess&)>& during = nullptr) {
+             const std::function<void(ChildProcess&)>& during = nullptr) {
   const auto file = (std::filesystem::temp_directory_path() / ("ecx-cross-" + tag + ".json")).string();
   std::filesystem::remove(file);
-  std::vector<std::string> argv = {kEcx,          "demo",        "--quiet",      "--requests", "60",
-                                   "--max-tokens", "600",         "--min-tokens", "64",         "--hidden",
-                                   "1024",         "--repeat",    "0.5",          "--seed",     "5",
-                                   "--pool-size",  "256MiB",      "--encoders",   "2",          "--deadline",
-                                   "120",          "--json",      file};
+  std::vector<std::string> argv = {kEcx,  "demo",         "--quiet", "--requests",  "60",     "--max-tokens",
+                                   "600", "--min-tokens", "64",      "--hidden",    "1024",   "--repeat",
+                                   "0.5", "--seed",       "5",       "--pool-size", "256MiB", "--encoders",
+                                   "2",   "--deadline",   "120",     "--json",      file};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto child = ChildProcess::spawn(argv);
   EXPECT_TRUE(child) << child.status().to_string();
@@ -89,7 +88,8 @@ TEST_F(CrossEncoder, TwoEncodersEncodeFewerImagesWithTheStoreThanWithout) {
 TEST_F(CrossEncoder, AStoreThatIsDownAtStartMeansEveryImageIsEncoded) {
   const int port = free_port_block(1);  // nothing listens there
   const DemoRun plain = demo("down-plain", {});
-  const DemoRun down = demo("down", {"--cross-encoder-cache", "--store-url", "redis://127.0.0.1:" + std::to_string(port) + "/0"});
+  const DemoRun down =
+      demo("down", {"--cross-encoder-cache", "--store-url", "redis://127.0.0.1:" + std::to_string(port) + "/0"});
   ASSERT_EQ(down.exit_code, 0) << down.summary.dump();
   EXPECT_TRUE(down.summary.value("passed", false)) << "every request served by encoding";
   EXPECT_EQ(n(down, "encoder_runs"), n(plain, "encoder_runs"));
@@ -123,7 +123,7 @@ TEST_F(CrossEncoder, AStoreKilledMidRunHangsNothing) {
   auto redis = RedisServer::start();
   ASSERT_TRUE(redis) << redis.status().to_string();
   const DemoRun r = demo("killed", {"--cross-encoder-cache", "--store-url", redis->url()},
-                     [&](ChildProcess&) { break_store_mid_run(*redis, SIGKILL); });
+                         [&](ChildProcess&) { break_store_mid_run(*redis, SIGKILL); });
   expect_failures_explained(r, "killed");
   EXPECT_LE(r.summary.value("wall_s", 1e9), 110.0) << "ended on its own, not at the deadline";
 }
@@ -132,7 +132,7 @@ TEST_F(CrossEncoder, AStoreStalledMidRunHangsNothing) {
   auto redis = RedisServer::start();
   ASSERT_TRUE(redis) << redis.status().to_string();
   const DemoRun r = demo("stalled", {"--cross-encoder-cache", "--store-url", redis->url()},
-                     [&](ChildProcess&) { break_store_mid_run(*redis, SIGSTOP); });
+                         [&](ChildProcess&) { break_store_mid_run(*redis, SIGSTOP); });
   redis->process().signal(SIGCONT);
   expect_failures_explained(r, "stalled");
   EXPECT_LE(r.summary.value("wall_s", 1e9), 110.0) << "ended on its own, not at the deadline";

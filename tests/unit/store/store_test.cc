@@ -28,7 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-
 TensorSpec spec(std::vector<std::int64_t> shape, DType dtype = DType::bfloat16) {
   return TensorSpec::make(std::move(shape), dtype, std::uint64_t{1} << 34).value();
 }

@@ -60,11 +60,11 @@ struct StoreWorkerCounters {
   std::uint64_t prefetch_failures = 0;    // of those asked, not given by the store (then encoded)
   std::uint64_t prefetch_dropped = 0;     // held copies nobody allocated in time
   std::uint64_t prefetch_held_bytes = 0;  // gauge
-  std::uint64_t loads = 0;          // items loaded from the store instead of encoded
-  std::uint64_t load_failures = 0;  // store loads that failed (absent, corrupt, store down or slow)
+  std::uint64_t loads = 0;                // items loaded from the store instead of encoded
+  std::uint64_t load_failures = 0;        // store loads that failed (absent, corrupt, store down or slow)
   std::uint64_t bytes_loaded = 0;
-  std::uint64_t offered = 0;         // computed outputs offered for publishing
-  std::uint64_t published = 0;       // of those, written
+  std::uint64_t offered = 0;    // computed outputs offered for publishing
+  std::uint64_t published = 0;  // of those, written
   std::uint64_t bytes_published = 0;
   std::uint64_t publish_dropped = 0;  // not published: the pending bounds were full, or at shutdown
   std::uint64_t publish_failed = 0;   // the store refused or was unreachable
