@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <xxhash.h>
+
 #include <fmt/format.h>
 
 #include "ecx/core/dtype.h"
@@ -80,6 +82,40 @@ Result<DecodedHeader> decode_entry_header(std::string_view value, std::string_vi
                                       value.size() - header_bytes, nbytes));
   }
   return DecodedHeader{std::move(*spec), checksum, header_bytes};
+}
+
+Result<Entry> check_and_land(std::string_view value, std::string_view model, std::uint64_t max_nbytes,
+                             std::string_view mm_hash, const EmbeddingStore::Landing& land, bool& refused) {
+  refused = false;
+  auto header = decode_entry_header(value, model, max_nbytes);
+  if (!header) {
+    refused = true;
+    return header.status();
+  }
+  const std::string_view payload = value.substr(header->header_bytes);
+  if (XXH64(payload.data(), payload.size(), 0) != header->checksum) {
+    refused = true;
+    return protocol_error("entry payload does not match its checksum");
+  }
+  auto out = land(header->spec);
+  if (!out) return out.status();
+  if (out->size() != payload.size()) {
+    return invalid_argument(
+        fmt::format("the landing for {} has {} bytes, the entry {}", mm_hash, out->size(), payload.size()));
+  }
+  std::memcpy(out->data(), payload.data(), payload.size());
+  return Entry{header->spec, header->checksum};
+}
+
+Result<std::string> header_for(std::string_view model, const TensorSpec& spec, std::span<const std::byte> payload,
+                               std::uint64_t max_nbytes) {
+  if (payload.size() != spec.nbytes()) {
+    return invalid_argument(fmt::format("payload of {} bytes for {}", payload.size(), spec.to_string()));
+  }
+  if (spec.nbytes() > max_nbytes) {
+    return invalid_argument(fmt::format("{} is larger than max_entry_bytes {}", spec.to_string(), max_nbytes));
+  }
+  return encode_entry_header(model, spec, XXH64(payload.data(), payload.size(), 0));
 }
 
 }  // namespace ecx::store::detail

@@ -15,6 +15,7 @@
 
 #include "ecx/core/status.h"
 #include "ecx/core/tensor_spec.h"
+#include "ecx/store/embedding_store.h"
 
 namespace ecx::store::detail {
 
@@ -32,5 +33,16 @@ struct DecodedHeader {
 // Checks magic, version, model, dtype, shape and that exactly nbytes of payload
 // follow; protocol_error naming what is wrong otherwise.
 Result<DecodedHeader> decode_entry_header(std::string_view value, std::string_view model, std::uint64_t max_nbytes);
+
+// What every backend does with a value it read, before a byte reaches the caller:
+// the header checked, then the payload's checksum (protocol_error: refuse the entry),
+// then `land(spec)` asked for the buffer, which must be exactly the payload's size.
+Result<Entry> check_and_land(std::string_view value, std::string_view model, std::uint64_t max_nbytes,
+                             std::string_view mm_hash, const EmbeddingStore::Landing& land, bool& refused);
+
+// The header of a new entry for `payload` (its checksum computed here), after checking
+// that the payload is spec's size and within max_nbytes.
+Result<std::string> header_for(std::string_view model, const TensorSpec& spec, std::span<const std::byte> payload,
+                               std::uint64_t max_nbytes);
 
 }  // namespace ecx::store::detail

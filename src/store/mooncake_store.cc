@@ -13,7 +13,6 @@
 #include "ecx/store/mooncake_store.h"
 
 #include <sys/mman.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cmath>
@@ -150,35 +149,19 @@ class MooncakeStore final : public EmbeddingStore {
       return reject(*key, mm_hash, protocol_error(fmt::format("read of {} bytes overran its buffer", n)));
     }
     const std::string_view value(reinterpret_cast<const char*>(buffer_.data()), static_cast<std::size_t>(n));
-    auto header = detail::decode_entry_header(value, o_.keys.model, o_.max_entry_bytes);
-    if (!header) return reject(*key, mm_hash, header.status());
-    const std::string_view payload = value.substr(header->header_bytes);
-    if (XXH64(payload.data(), payload.size(), 0) != header->checksum) {
-      return reject(*key, mm_hash, protocol_error("entry payload does not match its checksum"));
-    }
-    auto out = land(header->spec);
-    if (!out) return out.status();
-    if (out->size() != payload.size()) {
-      return invalid_argument(
-          fmt::format("the landing for {} has {} bytes, the entry {}", mm_hash, out->size(), payload.size()));
-    }
-    std::memcpy(out->data(), payload.data(), payload.size());
-    counters_.bytes_loaded += payload.size();
-    return Entry{header->spec, header->checksum};
+    bool refused = false;
+    auto entry = detail::check_and_land(value, o_.keys.model, o_.max_entry_bytes, mm_hash, land, refused);
+    if (!entry) return refused ? reject(*key, mm_hash, entry.status()) : entry.status();
+    counters_.bytes_loaded += entry->spec.nbytes();
+    return entry;
   }
 
   Status put(std::string_view mm_hash, const TensorSpec& spec, std::span<const std::byte> payload) override {
     auto key = o_.keys.key(mm_hash);
     if (!key) return key.status();
-    if (payload.size() != spec.nbytes()) {
-      return invalid_argument(fmt::format("payload of {} bytes for {}", payload.size(), spec.to_string()));
-    }
-    if (spec.nbytes() > o_.max_entry_bytes) {
-      return invalid_argument(
-          fmt::format("{} is larger than max_entry_bytes {}", spec.to_string(), o_.max_entry_bytes));
-    }
-    const std::string header =
-        detail::encode_entry_header(o_.keys.model, spec, XXH64(payload.data(), payload.size(), 0));
+    auto encoded = detail::header_for(o_.keys.model, spec, payload, o_.max_entry_bytes);
+    if (!encoded) return encoded.status();
+    const std::string& header = *encoded;
     const std::size_t total = header.size() + payload.size();
     if (total > buffer_.size()) {
       return invalid_argument(fmt::format("entry of {} bytes does not fit the {} byte buffer", total, buffer_.size()));
