@@ -211,46 +211,39 @@ void WorkerCoordinator::load_from_store(const scheduler::ConnectorMeta& meta, co
   for (const auto& item : meta.store_prefetches) store_->prefetcher->request(item);
   for (const auto& item : meta.store_loads) {
     const scheduler::LoadSpec load{item.mm_hash, std::string(), item.spec, false};
+    Status loaded = Status::ok();
+    std::string_view from = "its prefetched copy";
     if (auto copy = store_->prefetcher->take(item.mm_hash); copy && copy->spec == item.spec) {
       // Verified when it was prefetched: a local copy into the engine's allocation.
       auto d = allocate(load);
-      Status s = d.status();
-      if (s && !d->cuda) std::memcpy(d->data, copy->bytes.data(), copy->bytes.size());
-      if (s && d->cuda) s = copy_to_device(copy->bytes.data(), *d, copy->bytes.size());
-      if (!s) {
-        ++store_->load_failures;
-        log->warn("load of mm_hash={} (prefetched) failed: {}", item.mm_hash, s.to_string());
-        step_.failed_loads.insert(item.mm_hash);
-        report.failed.push_back(item.mm_hash);
-        continue;
+      loaded = d.status();
+      if (loaded && !d->cuda) std::memcpy(d->data, copy->bytes.data(), copy->bytes.size());
+      if (loaded && d->cuda) loaded = copy_to_device(copy->bytes.data(), *d, copy->bytes.size());
+    } else {
+      from = "the store";
+      std::optional<LoadDestination> destination;
+      auto land = [&](const TensorSpec& spec) -> Result<std::span<std::byte>> {
+        // An entry of another shape is not this item's output (another model revision
+        // with the same identity, say): refused, and the item is encoded elsewhere.
+        if (spec != item.spec) {
+          return invalid_argument(
+              fmt::format("the store holds {} but the engine expects {}", spec.to_string(), item.spec.to_string()));
+        }
+        auto d = allocate(load);
+        if (!d) return d.status();
+        destination = *d;
+        if (!d->cuda) return std::span<std::byte>(static_cast<std::byte*>(d->data), spec.nbytes());
+        store_->bounce.resize(spec.nbytes());
+        return std::span<std::byte>(store_->bounce);
+      };
+      loaded = store_->loads->get_into(item.mm_hash, land).status();
+      if (loaded && destination && destination->cuda) {
+        loaded = copy_to_device(store_->bounce.data(), *destination, item.spec.nbytes());
       }
-      ++store_->loaded;
-      step_.loaded.insert(item.mm_hash);
-      report.loaded.push_back(item.mm_hash);
-      continue;
     }
-    std::optional<LoadDestination> destination;
-    auto land = [&](const TensorSpec& spec) -> Result<std::span<std::byte>> {
-      // An entry of another shape is not this item's output (another model revision
-      // with the same identity, say): refused, and the item is encoded elsewhere.
-      if (spec != item.spec) {
-        return invalid_argument(
-            fmt::format("the store holds {} but the engine expects {}", spec.to_string(), item.spec.to_string()));
-      }
-      auto d = allocate(load);
-      if (!d) return d.status();
-      destination = *d;
-      if (!d->cuda) return std::span<std::byte>(static_cast<std::byte*>(d->data), spec.nbytes());
-      store_->bounce.resize(spec.nbytes());
-      return std::span<std::byte>(store_->bounce);
-    };
-    auto entry = store_->loads->get_into(item.mm_hash, land);
-    Status s = entry.status();
-    if (s && destination && destination->cuda)
-      s = copy_to_device(store_->bounce.data(), *destination, item.spec.nbytes());
-    if (!s) {
+    if (!loaded) {
       ++store_->load_failures;
-      log->warn("load of mm_hash={} from {} failed: {}", item.mm_hash, store_->loads->describe(), s.to_string());
+      log->warn("load of mm_hash={} from {} failed: {}", item.mm_hash, from, loaded.to_string());
       step_.failed_loads.insert(item.mm_hash);
       report.failed.push_back(item.mm_hash);
       continue;
