@@ -28,7 +28,6 @@ bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_toke
       refused_until_.erase(r);
     }
     if (entries_.size() >= kMaxEntries) continue;  // enough in hand: encode the rest
-    ++stats_.lookups;
     if (!store_->present(h)) continue;
     auto spec = expected_output_spec(options_, feature);
     if (!spec) continue;
@@ -43,12 +42,12 @@ bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_toke
 
 bool StoreGate::has_cache_item(std::string_view identifier) {
   if (!enabled()) return false;
+  ++stats_.lookups;
   if (asynchronous()) {
     auto it = entries_.find(identifier);
     if (it == entries_.end() || it->second.state != State::ready) return false;
-  } else {
-    ++stats_.lookups;
-    if (!store_->present(identifier)) return false;
+  } else if (!store_->present(identifier)) {
+    return false;
   }
   ++stats_.hits;
   claimed_this_step_.emplace(identifier);

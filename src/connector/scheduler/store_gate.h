@@ -29,7 +29,7 @@ namespace ecx::scheduler {
 class StoreGate {
  public:
   struct Stats {
-    std::uint64_t lookups = 0;            // items asked about (presence index)
+    std::uint64_t lookups = 0;            // has_cache_item questions (items the engine would encode)
     std::uint64_t hits = 0;               // has_cache_item answered from the store
     std::uint64_t prefetches = 0;         // prefetches asked of the workers
     std::uint64_t prefetch_failures = 0;  // the workers could not prefetch (encoded instead)

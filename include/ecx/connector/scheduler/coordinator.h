@@ -105,7 +105,7 @@ struct CoordinatorStats {
   std::uint64_t local_fallbacks = 0;
   std::uint64_t stranded_items = 0;
   // Producer, cross-encoder cache.
-  std::uint64_t store_lookups = 0;            // items whose presence in the store was asked
+  std::uint64_t store_lookups = 0;            // has_cache_item questions a producer put to the store side
   std::uint64_t store_hits = 0;               // has_cache_item answered from the shared store
   std::uint64_t store_prefetches = 0;         // prefetches asked of the workers (asynchronous loads)
   std::uint64_t store_prefetch_failures = 0;  // the store could not give them: encoded instead
