@@ -1,12 +1,10 @@
 #include "store/mooncake_store_api.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
-#include <map>
-#include <mutex>
 
 #include <fmt/format.h>
+
+#include "core/shared_library.h"
 
 namespace ecx::store::mooncake {
 namespace {
@@ -16,29 +14,22 @@ constexpr const char* kLibraryEnv = "ECX_MOONCAKE_STORE_LIB";
 
 template <typename Fn>
 Status resolve(void* library, const std::string& path, const char* symbol, Fn*& out) {
-  ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps dlerror's state per thread
-  void* address = ::dlsym(library, symbol);
-  if (address == nullptr) {
-    return not_found(
-        fmt::format("the Mooncake Store library '{}' lacks the symbol {} (ECX needs libmooncake_store.so built with "
-                    "Mooncake Store's C interface, e.g. -DWITH_STORE_C_SHARED=ON; point {} at it)",
-                    path, symbol, kLibraryEnv));
-  }
-  out = reinterpret_cast<Fn*>(address);  // NOLINT: dlsym returns object pointers for functions
-  return Status::ok();
+  if (shared_library::resolve(library, symbol, out)) return Status::ok();
+  return not_found(
+      fmt::format("the Mooncake Store library '{}' lacks the symbol {} (ECX needs libmooncake_store.so built with "
+                  "Mooncake Store's C interface, e.g. -DWITH_STORE_C_SHARED=ON; point {} at it)",
+                  path, symbol, kLibraryEnv));
 }
 
 Result<std::shared_ptr<const StoreApi>> load_uncached(const std::string& path) {
-  ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps dlerror's state per thread
-  // RTLD_LOCAL: Mooncake's own dependencies stay out of the global namespace.
-  void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    const char* why = ::dlerror();  // NOLINT(concurrency-mt-unsafe): per thread in glibc
+  auto opened = shared_library::open(path);
+  if (!opened) {
     return not_found(
         fmt::format("cannot load the Mooncake Store library '{}': {} (set the environment variable {} to the path of "
                     "libmooncake_store.so)",
-                    path, why != nullptr ? why : "unknown error", kLibraryEnv));
+                    path, opened.status().message(), kLibraryEnv));
   }
+  void* library = *opened;
   // Deliberately never dlclose()d: see StoreApi.
   auto api = std::make_shared<StoreApi>();
   api->path = path;
@@ -66,14 +57,7 @@ std::string store_library_path(const std::string& configured) {
 }
 
 Result<std::shared_ptr<const StoreApi>> load_store_api(const std::string& path) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<const StoreApi>> loaded;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(path); it != loaded.end()) return it->second;
-  auto api = load_uncached(path);
-  if (!api) return api.status();
-  loaded.emplace(path, *api);
-  return *api;
+  return shared_library::load_once<StoreApi>(path, load_uncached);
 }
 
 std::string describe_error(std::int64_t code) {

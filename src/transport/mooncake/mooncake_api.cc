@@ -1,41 +1,31 @@
 #include "transport/mooncake/mooncake_api.h"
 
-#include <dlfcn.h>
-
-#include <map>
-#include <mutex>
-
 #include <fmt/format.h>
+
+#include "core/shared_library.h"
 
 namespace ecx::transport::mooncake {
 namespace {
 
 template <typename Fn>
 Status resolve(void* library, const std::string& path, const char* symbol, Fn*& out) {
-  ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps dlerror's state per thread
-  void* address = ::dlsym(library, symbol);
-  if (address == nullptr) {
-    return not_found(fmt::format(
-        "the Mooncake library '{}' lacks the symbol {} (ECX needs libtransfer_engine.so of Mooncake's transfer "
-        "engine, built with its C interface; point mooncake_lib or ECX_MOONCAKE_LIB at it)",
-        path, symbol));
-  }
-  out = reinterpret_cast<Fn*>(address);  // NOLINT: dlsym returns object pointers for functions
-  return Status::ok();
+  if (shared_library::resolve(library, symbol, out)) return Status::ok();
+  return not_found(fmt::format(
+      "the Mooncake library '{}' lacks the symbol {} (ECX needs libtransfer_engine.so of Mooncake's transfer "
+      "engine, built with its C interface; point mooncake_lib or ECX_MOONCAKE_LIB at it)",
+      path, symbol));
 }
 
 Result<std::shared_ptr<const Api>> load_uncached(const std::string& path) {
-  ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps dlerror's state per thread
-  // RTLD_LOCAL: Mooncake's own dependencies (glog, gflags, asio) stay out of the
-  // global namespace.
-  void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    const char* why = ::dlerror();  // NOLINT(concurrency-mt-unsafe): per thread in glibc
+  // Mooncake's own dependencies (glog, gflags, asio) stay out of the global namespace.
+  auto opened = shared_library::open(path);
+  if (!opened) {
     return not_found(
         fmt::format("cannot load the Mooncake transfer engine library '{}': {} (set the config key mooncake_lib or the "
                     "environment variable ECX_MOONCAKE_LIB to the path of libtransfer_engine.so)",
-                    path, why != nullptr ? why : "unknown error"));
+                    path, opened.status().message()));
   }
+  void* library = *opened;
   // Deliberately never dlclose()d: see Api.
   auto api = std::make_shared<Api>();
   api->path = path;
@@ -58,14 +48,7 @@ Result<std::shared_ptr<const Api>> load_uncached(const std::string& path) {
 }  // namespace
 
 Result<std::shared_ptr<const Api>> load_api(const std::string& path) {
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<const Api>> loaded;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(path); it != loaded.end()) return it->second;
-  auto api = load_uncached(path);
-  if (!api) return api.status();
-  loaded.emplace(path, *api);
-  return *api;
+  return shared_library::load_once<Api>(path, load_uncached);
 }
 
 }  // namespace ecx::transport::mooncake
