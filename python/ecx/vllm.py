@@ -103,8 +103,10 @@ class ECXPushItem:
 
 
 @dataclass
-class ECXStoreCandidate:
-    """An output this step computes that the producer offers to the shared store."""
+class ECXStoreItem:
+    """An item of the shared store: an output this step computes and offers to it (a
+    store candidate), or one it holds that the producer loads or prefetches instead of
+    encoding it."""
 
     mm_hash: str
     shape: list[int]
@@ -114,16 +116,9 @@ class ECXStoreCandidate:
         return (self.mm_hash, list(self.shape), self.dtype)
 
 
-@dataclass
-class ECXStoreLoad:
-    """An output the shared store holds: the producer loads it instead of encoding it."""
-
-    mm_hash: str
-    shape: list[int]
-    dtype: str
-
-    def to_core(self) -> tuple:
-        return (self.mm_hash, list(self.shape), self.dtype)
+# The names of its two uses.
+ECXStoreCandidate = ECXStoreItem
+ECXStoreLoad = ECXStoreItem
 
 
 @dataclass

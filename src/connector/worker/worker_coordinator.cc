@@ -16,26 +16,34 @@
 
 namespace ecx::worker {
 
+namespace {
+
+using Hashes = std::set<std::string>;
+Hashes united(const Hashes& a, const Hashes& b) {
+  Hashes out = a;
+  out.insert(b.begin(), b.end());
+  return out;
+}
+// What both ranks hold, less what either failed.
+Hashes held_by_both(const Hashes& a, const Hashes& b, const Hashes& failed) {
+  Hashes out;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::inserter(out, out.end()));
+  for (const auto& h : failed) out.erase(h);
+  return out;
+}
+
+}  // namespace
+
 WorkerMeta WorkerMeta::aggregate(const WorkerMeta& other) const {
   WorkerMeta out;
-  std::set_intersection(loaded.begin(), loaded.end(), other.loaded.begin(), other.loaded.end(),
-                        std::inserter(out.loaded, out.loaded.end()));
-  out.failed_loads = failed_loads;
-  out.failed_loads.insert(other.failed_loads.begin(), other.failed_loads.end());
-  out.reclaimed = reclaimed;
-  out.reclaimed.insert(other.reclaimed.begin(), other.reclaimed.end());
-  out.failed_saves = failed_saves;
-  out.failed_saves.insert(other.failed_saves.begin(), other.failed_saves.end());
+  out.failed_loads = united(failed_loads, other.failed_loads);
+  out.loaded = held_by_both(loaded, other.loaded, out.failed_loads);
+  out.reclaimed = united(reclaimed, other.reclaimed);
+  out.failed_saves = united(failed_saves, other.failed_saves);
   out.pending_saves = pending_saves || other.pending_saves;
-  // A hash one rank loaded and another failed is a failed load.
-  for (const auto& h : out.failed_loads) out.loaded.erase(h);
-  std::set_intersection(store_ready.begin(), store_ready.end(), other.store_ready.begin(), other.store_ready.end(),
-                        std::inserter(out.store_ready, out.store_ready.end()));
-  out.store_failed = store_failed;
-  out.store_failed.insert(other.store_failed.begin(), other.store_failed.end());
-  out.store_dropped = store_dropped;
-  out.store_dropped.insert(other.store_dropped.begin(), other.store_dropped.end());
-  for (const auto& h : out.store_failed) out.store_ready.erase(h);
+  out.store_failed = united(store_failed, other.store_failed);
+  out.store_ready = held_by_both(store_ready, other.store_ready, out.store_failed);
+  out.store_dropped = united(store_dropped, other.store_dropped);
   return out;
 }
 

@@ -67,18 +67,16 @@ struct LoadSpec {
   bool local = false;  // true = reload from the resident pool, no transfer involved
 };
 
-// An output the engine computed that may be offered to a shared store.
-struct StoreCandidate {
+// An item of the shared store (cross-encoder cache), in its two uses:
+// - a candidate: an output the engine computed, offered to the store;
+// - a load: an item the store holds, which the workers load into the encoder cache
+//   instead of encoding it (then push it as usual), or prefetch ahead of that.
+struct StoreItem {
   std::string mm_hash;
   TensorSpec spec;
 };
-
-// Producer, cross-encoder cache: an item the shared store holds; the workers load
-// it into the encoder cache instead of encoding it (then push it as usual).
-struct StoreLoad {
-  std::string mm_hash;
-  TensorSpec spec;
-};
+using StoreCandidate = StoreItem;
+using StoreLoad = StoreItem;
 
 // The part of vLLM's SchedulerOutput the coordinator reads.
 struct StepView {
