@@ -66,6 +66,7 @@ struct DemoOptions {
   bool quiet = false;
   int encoders = 1;  // producer processes, each serving its share of the requests
   bool cross_encoder_cache = false;
+  bool skip_encoder_hop = false;  // requests whose images are all stored go straight to the consumer
   // internal (child roles)
   std::string admit;
   std::string consumer;
@@ -86,7 +87,7 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
   // A soak judges growth: pool pages touched for the first time late in the run (a
   // best-fit allocator reaches the far end of a pool only now and then) are not one.
   if (o.duration_s > 0) extra["prefault"] = true;
-  if (o.cross_encoder_cache && role == Role::producer) {
+  if (o.cross_encoder_cache && (role == Role::producer || o.skip_encoder_hop)) {
     extra["cross_encoder_cache"] = true;
     extra["store_url"] = o.store_url.empty() ? std::string("redis://127.0.0.1:6379/0") : o.store_url;
     extra["store_prefix"] = "ecxdemo";
@@ -173,6 +174,9 @@ int run_consumer(const DemoOptions& o) {
   out["time_to_ready_ms"] = r.time_to_ready_ms;
   out["failed_requests"] = r.failed_requests;
   out["invariant_error"] = r.invariant_error;
+  out["store_loads"] = r.store_loads;
+  out["local_encodes"] = r.local_encodes;
+  out["store_prefetch_failures"] = r.store_prefetch_failures;
   out["producer_done"] = r.producer_done;
   out["wall_s"] = r.wall_s;
   std::cout << out.dump() << std::endl;
@@ -196,6 +200,7 @@ int run_producer(const DemoOptions& o) {
   options.encoder_index = o.encoder_index;
   options.encoder_count = o.encoders;
   options.run_for = seconds_to_duration(o.duration_s);
+  options.skip_encoder_hop = o.skip_encoder_hop;
   auto r = sim::run_producer(options, &g_stop);
   if (!r) {
     std::cerr << "ecx demo producer: " << r.status().message() << "\n";
@@ -209,6 +214,7 @@ int run_producer(const DemoOptions& o) {
                    {"retry_afters", r->retry_afters},
                    {"rounds", r->rounds},
                    {"encoder_runs", r->encoder_runs},
+                   {"encoder_hops_skipped", r->encoder_hops_skipped},
                    {"cross_encoder_lookups", r->store_lookups},
                    {"cross_encoder_hits", r->store_hits},
                    {"store_prefetched", r->store.prefetched},
@@ -455,7 +461,13 @@ int run_demo(const DemoOptions& options) {
                             : std::string("Mooncake tcp"),
       o.requests, o.min_images, o.max_images, o.min_tokens, o.max_tokens, o.hidden, o.repeat * 100, o.pool_size,
       o.checksum ? "on" : "off");
-  auto consumer = sim::ChildProcess::spawn(common("consumer"), env);
+  auto consumer_argv = common("consumer");
+  if (o.skip_encoder_hop) {
+    // The consumer loads what the store holds: it needs the cache and the store too.
+    consumer_argv.insert(consumer_argv.end(),
+                         {"--cross-encoder-cache", "--store-url", store_url, "--skip-encoder-hop"});
+  }
+  auto consumer = sim::ChildProcess::spawn(consumer_argv, env);
   if (!consumer) {
     std::cerr << "ecx demo: " << consumer.status().message() << "\n";
     return 1;
@@ -478,6 +490,7 @@ int run_demo(const DemoOptions& options) {
     argv.insert(argv.end(), {"--admit", ready->at("admit").get<std::string>(), "--consumer",
                              ready->at("control").get<std::string>(), "--encoder-index", std::to_string(e)});
     if (o.cross_encoder_cache) argv.insert(argv.end(), {"--cross-encoder-cache", "--store-url", store_url});
+    if (o.skip_encoder_hop) argv.emplace_back("--skip-encoder-hop");
     auto producer = sim::ChildProcess::spawn(argv, env);
     if (!producer) {
       std::cerr << "ecx demo: " << producer.status().message() << "\n";
@@ -601,6 +614,7 @@ int run_demo(const DemoOptions& options) {
                {"cross_encoder_cache", o.cross_encoder_cache},
                {"images_requested", producer_result ? producer_result->value("items", 0ULL) : 0ULL},
                {"encoder_runs", producer_result ? producer_result->value("encoder_runs", 0ULL) : 0ULL},
+               {"skip_encoder_hop", o.skip_encoder_hop},
                {"transport", data_link_name(o.transport)},
                {"ucx_mode", uses_ucx(o.transport) ? o.ucx_mode : ""},
                {"consumer_exit", consumer_exit.value_or(-1)},
@@ -620,6 +634,12 @@ int run_demo(const DemoOptions& options) {
                             "store_publish_dropped", "store_publish_failed", "store_errors", "store_rejected"}) {
       summary[key] = producer_result->value(key, 0ULL);
     }
+  }
+  if (o.skip_encoder_hop) {
+    summary["encoder_hops_skipped"] = producer_result ? producer_result->value("encoder_hops_skipped", 0ULL) : 0ULL;
+    summary["consumer_store_loads"] = r.value("store_loads", 0ULL);
+    summary["consumer_local_encodes"] = r.value("local_encodes", 0ULL);
+    summary["consumer_store_prefetch_failures"] = r.value("store_prefetch_failures", 0ULL);
   }
   const bool soak_run = o.duration_s > 0;
   json soak = evaluate_soak(samples, o);
@@ -665,6 +685,13 @@ int run_demo(const DemoOptions& options) {
                     summary["store_load_failures"].get<std::uint64_t>(),
                     summary["store_published"].get<std::uint64_t>(),
                     summary["store_publish_dropped"].get<std::uint64_t>()));
+  }
+  if (summary.contains("encoder_hops_skipped")) {
+    row("encoder hops skipped", std::to_string(summary["encoder_hops_skipped"].get<std::uint64_t>()),
+        fmt::format("requests sent straight to the consumer: {} images loaded there from the store, {} encoded "
+                    "there",
+                    summary["consumer_store_loads"].get<std::uint64_t>(),
+                    summary["consumer_local_encodes"].get<std::uint64_t>()));
   }
   row("wall time", fmt::format("{:.1f} s", wall));
   if (soak_run) {
@@ -741,6 +768,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_flag("--cross-encoder-cache", o->cross_encoder_cache,
                  "encoders share outputs through a redis-server the demo starts on loopback");
   demo->add_option("--encoder-index", o->encoder_index, "internal: this producer's index")->group("");
+  demo->add_flag("--skip-encoder-hop", o->skip_encoder_hop,
+                 "with --cross-encoder-cache: send a request whose images are all in the store straight to the "
+                 "consumer, which loads them from it (what ecx proxy --store-url does)");
   demo->add_option("--store-url", o->store_url,
                    "with --cross-encoder-cache: use this Redis (redis://host:port/db) instead of starting one");
   add_data_link_option(demo, o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)");
@@ -796,6 +826,10 @@ void add_demo_command(CLI::App& app, Runner& run) {
         return 2;
       }
       o->duration_s = *duration;
+      if (o->skip_encoder_hop && !o->cross_encoder_cache) {
+        std::cerr << "ecx demo: --skip-encoder-hop needs --cross-encoder-cache (the store it consults)\n";
+        return 2;
+      }
       // A soak must not run into the deadline meant for one round.
       if (o->role == "all") o->deadline_s = std::max(o->deadline_s, o->duration_s + 300);
       if (o->role == "consumer") return run_consumer(*o);

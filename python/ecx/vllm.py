@@ -719,13 +719,22 @@ class ECXConnector(ECConnectorBase):
             kept = self._loaded_tensors.get(mm_hash)
             if kept is not None:
                 encoder_cache[mm_hash] = kept
-        if not meta.loads:
+        # Items the proxy routed to the shared store (a producer loads its own above).
+        store_loads = [] if self.is_producer else meta.store_loads
+        store_prefetches = [] if self.is_producer else meta.store_prefetches
+        if not meta.loads and not store_loads and not store_prefetches:
             return
         staged: dict[str, Any] = {}
         present = [item.mm_hash for item in meta.loads if item.mm_hash in encoder_cache]
-        loaded, _failed = self._worker.start_load_caches(
-            [item.to_core() for item in meta.loads], present, self._allocator(staged)
+        loaded, failed = self._worker.start_load_caches(
+            [item.to_core() for item in meta.loads],
+            present,
+            self._allocator(staged),
+            [item.to_core() for item in store_loads],
+            [item.to_core() for item in store_prefetches],
         )
+        for mm_hash in failed:
+            logger.warning("ECX could not load mm_hash=%s; its request is failed", mm_hash)
         # Only complete copies become visible; the C++ side waited for device copies.
         for mm_hash in loaded:
             tensor = staged.get(mm_hash)

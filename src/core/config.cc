@@ -359,9 +359,10 @@ const std::vector<KeySpec>& key_table() {
           "config.",
           set_integer(&Config::encoder_output_width, 0, 1 << 24));
     extra("cross_encoder_cache", "boolean", "false",
-          "Producer: share encoder outputs with other encoders through the embedding store (store_url): items in the "
-          "store are loaded instead of encoded, computed images are published best effort. Needs store_url and "
-          "store_model.",
+          "Share encoder outputs through the embedding store (store_url). Producer: items in the store are loaded "
+          "instead of encoded, computed images are published best effort. Consumer: items the proxy routes to the "
+          "store (ec_items \"store\": true) and items of requests without ec_transfer_params are loaded from it "
+          "instead of encoded locally. Needs store_url and store_model.",
           set_bool(&Config::cross_encoder_cache));
     extra("store_url", "string", "\"\"",
           "The embedding store of the cross-encoder cache: redis://[:password@]host[:port][/db] (port 6379, db 0 by "
@@ -573,7 +574,7 @@ Result<Config> parse_config(std::string_view json_text, const ParallelLayout& la
     return invalid_argument(fmt::format("{}.max_tensor_bytes ({}) exceeds ec_buffer_size ({})", kExtra,
                                         config.max_tensor_bytes, config.buffer_size));
   }
-  if (config.cross_encoder_cache && config.is_producer()) {
+  if (config.cross_encoder_cache) {
     if (config.store_url.empty()) {
       return invalid_argument(fmt::format(
           "{0}.cross_encoder_cache needs {0}.store_url (redis://host:port/db): the store encoders share", kExtra));

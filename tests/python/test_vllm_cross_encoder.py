@@ -102,10 +102,11 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:
 def encode_and_publish(engine, identifier: str, rows: int = 16) -> None:
     from vllm._double_engine import make_request
 
+    encoded_before = engine.workers[0].local_encodes
     engine.add_request(make_request(f"req-{identifier}", [item(identifier, rows)], None))
     done = epd_cluster.run_until_done(engine, 1, deadline_s=10)
     assert done[f"req-{identifier}"].status == "ok"
-    assert engine.workers[0].local_encodes == 1
+    assert engine.workers[0].local_encodes == encoded_before + 1
     worker = engine.workers[0].connector
     assert worker._worker.wait_published(5.0)
     assert worker.store_counters()["published"] >= 1
@@ -266,3 +267,80 @@ def test_store_model_defaults_to_the_served_model_and_revision(redis_port):
     finally:
         connector.shutdown()
 
+
+
+def consumer_engine(port: int, tp: int = 1, **overrides):
+    from vllm._double_engine import EngineDouble
+
+    port_range = epd_cluster.free_port_range(tp)
+    config = epd_cluster.vllm_config("ec_consumer", port_range, tp, **store_extra(port, **overrides))
+    return EngineDouble(config, encode_only=False, cache_rows=2048)
+
+
+def warm_up_pushed(producer, consumer) -> None:
+    """One pushed request (E -> P) first, the consumer waiting for it: the steps without
+    tokens that vLLM runs meanwhile show the connector its worker reports arrive, and
+    loads become asynchronous (before that, a consumer encodes store items itself)."""
+    import uuid
+
+    from vllm._double_engine import make_request
+
+    tid = uuid.uuid4().hex
+    address = consumer.workers[0].connector._config.control_address(0)
+    pushed = {"ec_items": [{"mm_hash": "img-warm", "transfer_id": tid}]}
+    consumer.add_request(make_request("warm", [item("img-warm")], pushed))
+    for _ in range(3):
+        consumer.step()
+    producer.add_request(
+        make_request("warm-e", [item("img-warm")], {"consumer_zmq": address, "ec_items": [{"transfer_id": tid}]})
+    )
+    assert epd_cluster.run_until_done(producer, 1, deadline_s=10)["warm-e"].status == "ok"
+    assert epd_cluster.run_until_done(consumer, 1, deadline_s=10)["warm"].status == "ok"
+    assert consumer.scheduler._scheduler.asynchronous_loads, "the consumer's loads did not become asynchronous"
+
+
+def test_a_consumer_loads_items_the_proxy_routed_to_the_store_and_encodes_what_it_cannot_load(redis_port):
+    """What `ecx proxy --store-url` sends when every image is stored: raw media and
+    ec_items [{mm_hash, "store": true}], no encoder hop. The prefill (consumer) instance
+    prefetches and verifies the entry, loads it instead of encoding it on every TP rank,
+    and encodes the image it cannot get from the store (absent, or corrupt) itself."""
+    from vllm._double_engine import encode, make_request, same_bits
+
+    a = producer_engine(redis_port)
+    c = consumer_engine(redis_port, tp=2)
+    try:
+        warm_up_pushed(a, c)
+        encode_and_publish(a, "img-routed", rows=32)
+        assert redis_call(redis_port, "SET", f"ecx:{MODEL}:img-bad", b"not an ecx entry" * 8) == b"+OK"
+        routed = [item("img-routed", 32), item("img-absent", 16), item("img-bad", 16)]
+        params = {"ec_items": [{"mm_hash": i["identifier"], "store": True} for i in routed]}
+        c.add_request(make_request("c-1", routed, params))
+        done = epd_cluster.run_until_done(c, 1, deadline_s=20)
+        assert done["c-1"].status == "ok", done["c-1"]
+        for w in c.workers:
+            assert same_bits(w.encoder_cache["img-routed"], encode("img-routed", 32, epd_cluster.WIDTH))
+            assert w.provenance["img-routed"] == "connector", "loaded from the store, not encoded"
+            assert w.provenance["img-absent"] == "local" and w.provenance["img-bad"] == "local"
+            assert w.local_encodes == 2  # img-absent, img-bad (img-warm was pushed)
+        stats = c.scheduler.scheduler_stats()
+        assert stats["store_loads"] == 1 and stats["store_load_failures"] == 0
+        assert stats["store_prefetch_failures"] >= 1, stats  # the corrupt entry, refused at the prefetch
+        assert c.workers[0].connector.store_counters()["published"] == 0, "consumers only load"
+        assert redis_call(redis_port, "EXISTS", f"ecx:{MODEL}:img-bad") == b":0", "the refused entry is deleted"
+    finally:
+        a.shutdown()
+        c.shutdown()
+
+
+def test_without_the_cache_a_consumer_encodes_store_items_itself(redis_port):
+    from vllm._double_engine import make_request
+
+    c = consumer_engine(redis_port, cross_encoder_cache=False)
+    try:
+        params = {"ec_items": [{"mm_hash": "img-x", "store": True}]}
+        c.add_request(make_request("c-1", [item("img-x")], params))
+        done = epd_cluster.run_until_done(c, 1, deadline_s=10)
+        assert done["c-1"].status == "ok"
+        assert c.workers[0].local_encodes == 1
+    finally:
+        c.shutdown()

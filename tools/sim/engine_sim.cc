@@ -21,9 +21,11 @@
 #include "connector/scheduler/transfer_params_json.h"
 #include "core/logging.h"
 #include "ecx/connector/scheduler/coordinator.h"
+#include "ecx/connector/scheduler/transfer_params.h"
 #include "ecx/connector/worker/scheduler_links.h"
 #include "ecx/connector/worker/worker_coordinator.h"
 #include "ecx/pool/slab.h"
+#include "ecx/store/store_config.h"
 
 namespace ecx::sim {
 namespace {
@@ -288,11 +290,13 @@ struct ConsumerSim::State {
         auto dtype = parse_dtype(it.at("dtype").get<std::string>());
         auto spec = TensorSpec::make(std::move(shape), dtype.value_or(DType::uint8), ~0ULL);
         if (!spec) continue;
-        p.items.push_back(Item{it.at("mm_hash").get<std::string>(), it.at("transfer_id").get<std::string>(), *spec});
+        // A store item names no transfer.
+        p.items.push_back(Item{it.at("mm_hash").get<std::string>(), it.value("transfer_id", std::string()), *spec});
       }
       p.view.request_id = doc.at("request_id").get<std::string>();
       p.view.mm_features = features_of(p.items);
-      // What a proxy forwards: the encoder's ec_items (mm_hash + transfer_id).
+      // What a proxy forwards: the encoder's ec_items (mm_hash + transfer_id), or
+      // {mm_hash, "store": true} for an item it found in the store.
       json params = json::object();
       if (auto found = doc.find("ec_transfer_params"); found != doc.end() && found->is_object()) {
         params["ec_items"] = found->value("ec_items", json::array());
@@ -357,14 +361,30 @@ struct ConsumerSim::State {
       auto& users = allocated[h];
       if (users == 0) {
         if (!scheduler->has_cache_item(h) && !caches[0].contains(h)) {
-          log->error("request {}: item {} is neither cached nor loadable after the gate opened", p.view.request_id, h);
-          ok = false;
+          const auto* params = p.view.ec_transfer_params ? &*p.view.ec_transfer_params : nullptr;
+          if (scheduler::is_store_item(params, i, h)) {
+            encode_locally(p.items[i]);  // the store could not give it: the engine encodes it
+          } else {
+            log->error("request {}: item {} is neither cached nor loadable after the gate opened", p.view.request_id,
+                       h);
+            ok = false;
+          }
         }
         scheduler->update_state_after_alloc(p.view, i);
       }
       ++users;
     }
     return ok;
+  }
+
+  // The engine runs the vision encoder itself: every rank's cache gets the output.
+  void encode_locally(const Item& item) {
+    ++result.local_encodes;
+    for (auto& cache : caches) {
+      auto data = cache.insert(item.mm_hash, item.spec.nbytes());
+      if (!data) continue;  // the content check reports the missing entry
+      fill_content(item.mm_hash, std::span<std::byte>(*data, item.spec.nbytes()));
+    }
   }
 
   // The step's forward pass: every rank's encoder cache must hold every item, byte
@@ -427,6 +447,22 @@ struct ConsumerSim::State {
           },
           [&cache](const std::string& h) { return cache.contains(h); });
       rs.loaded_at[load.mm_hash] = options.clock->now();
+    }
+    if (!meta.store_loads.empty() || !meta.store_prefetches.empty()) {
+      // Items routed to the store: prefetches start, loads copy the held entries.
+      scheduler::ConnectorMeta store;
+      store.store_loads = meta.store_loads;
+      store.store_prefetches = meta.store_prefetches;
+      const auto report = workers[rank]->start_load_caches(
+          store, [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
+            const auto t0 = thread_cpu_ns();
+            auto data = cache.insert(l.mm_hash, l.spec.nbytes());
+            sim_ns += thread_cpu_ns() - t0;
+            if (!data) return data.status();
+            return worker::LoadDestination{*data, false, 0};
+          });
+      const auto now = options.clock->now();
+      for (const auto& h : report.loaded) rs.loaded_at[h] = now;
     }
     rs.meta = workers[rank]->build_worker_meta();
     const auto t0 = thread_cpu_ns();
@@ -588,6 +624,9 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   s.result.progress = s.snapshot(started);
   s.result.producer_done = s.producer_done;
   s.result.wall_s = duration_to_seconds(s.options.clock->now() - started);
+  const auto stats = s.scheduler->stats();
+  s.result.store_loads = stats.store_loads;
+  s.result.store_prefetch_failures = stats.store_prefetch_failures + stats.store_prefetch_timeouts;
   for (const auto& w : s.workers) {
     if (auto* shard = w->shard()) {
       const auto c = shard->counters().reservations;
@@ -624,6 +663,21 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   auto started_worker = worker::WorkerCoordinator::start(o.config, o.clock);
   if (!started_worker) return started_worker.status();
   auto& worker = **started_worker;
+
+  // What `ecx proxy --store-url` consults: its own presence index of the store.
+  std::unique_ptr<store::PresenceIndex> proxy_index;
+  if (o.skip_encoder_hop) {
+    if (!o.config.cross_encoder_cache) return invalid_argument("skip_encoder_hop needs cross_encoder_cache");
+    auto index = store::open_presence_index(o.config, o.clock);
+    if (!index) return index.status();
+    proxy_index = std::move(*index);
+    // A proxy that has run a while has seen these images: its index starts warm
+    // (bounded: what is not confirmed in time is simply not known yet).
+    for (const auto& r : workload) {
+      for (const auto& item : r.items) (void)proxy_index->present(item.mm_hash);
+    }
+    (void)proxy_index->wait_confirmed(std::chrono::seconds(5));
+  }
 
   zmq::context_t context{1};
   zmq::socket_t admit{context, zmq::socket_type::dealer};
@@ -693,6 +747,27 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     // is in the shared store (the cross-encoder cache), so it is loaded instead.
     std::set<std::string> external;
     for (const auto* r : candidates) {
+      if (proxy_index && !r->items.empty() && std::all_of(r->items.begin(), r->items.end(), [&](const Item& item) {
+            return proxy_index->present(item.mm_hash);
+          })) {
+        // Every image is in the store: the proxy sends the request straight on.
+        json message{{"request_id", r->request_id}, {"items", json::array()}};
+        json items = json::array();
+        for (const auto& item : r->items) {
+          json entry = item_json(item);
+          entry.erase("transfer_id");
+          message["items"].push_back(std::move(entry));
+          items.push_back({{"mm_hash", item.mm_hash}, {"store", true}});
+        }
+        message["ec_transfer_params"] = json{{"ec_items", std::move(items)}};
+        const auto text = message.dump();
+        admit.send(zmq::buffer(text), zmq::send_flags::none);
+        if (o.max_unresolved > 0) unresolved.insert(r->request_id);
+        ++result.encoder_hops_skipped;
+        ++result.requests;
+        result.items += r->items.size();
+        continue;
+      }
       scheduler::RequestView view;
       view.request_id = r->request_id;
       view.mm_features = features_of(r->items);

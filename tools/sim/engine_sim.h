@@ -7,12 +7,14 @@
 // ProducerSim (an encoder instance): per request, plans pushes through the
 // SchedulerCoordinator, "encodes" each image (deterministic content), binds it with
 // the WorkerCoordinator, finishes the request and forwards its ec_transfer_params to
-// the consumer over an admit channel, as a proxy would.
+// the consumer over an admit channel, as a proxy would; with skip_encoder_hop, a
+// request whose images are all in the shared store goes to the consumer unencoded.
 // ConsumerSim (a PD instance, TP = N in one process, one engine thread per rank):
 // admits forwarded requests, gates them with ensure_cache_available, loads landed
 // payloads into per-rank encoder caches (warm memory, reused), records when each
 // request's last item was loaded, verifies every byte after that stamp, and answers
-// each resolved request to its producer over the admit channel.
+// each resolved request to its producer over the admit channel. Items sent to come
+// from the store are loaded from it (cross_encoder_cache), or encoded here.
 
 #include <atomic>
 #include <cstdint>
@@ -56,6 +58,11 @@ struct ConsumerResult {
   std::vector<double> time_to_ready_ms;  // one per ready request
   std::vector<std::string> failed_requests;
   std::string invariant_error;  // empty when every shard's bookkeeping is consistent
+  // Items sent to come from the shared store (the encoder hop skipped): loaded from it,
+  // or encoded here when it could not give them.
+  std::uint64_t store_loads = 0;
+  std::uint64_t local_encodes = 0;
+  std::uint64_t store_prefetch_failures = 0;
   // CPU time of the simulator's own work on the engine threads (encoder-cache allocation, content
   // checks), all ranks: what the bench costs itself, next to what it measures.
   std::uint64_t sim_engine_ns = 0;
@@ -105,6 +112,8 @@ struct ProducerResult {
   std::uint64_t rounds = 0;
   std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: generating the encoder outputs' content
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
+  // Requests sent straight to the consumer, every image in the store (skip_encoder_hop).
+  std::uint64_t encoder_hops_skipped = 0;
   // Cross-encoder cache.
   std::uint64_t store_lookups = 0;  // has_cache_item asked the store's presence index
   std::uint64_t store_hits = 0;     // answered present: loaded from the store, not encoded
@@ -124,6 +133,12 @@ struct ProducerSimOptions {
   // > 0: after the workload, start another round of it (seed + round, fresh ids) until
   // this much time has passed, in the same producer (a soak of one long-lived encoder).
   Duration run_for{0};
+  // Decide as `ecx proxy --store-url` does: a request whose images the store's
+  // presence index all knows goes straight to the consumer, its ec_items marking them
+  // {"mm_hash", "store": true}, and this encoder does not run it (needs
+  // cross_encoder_cache; the consumer needs it too). That index starts warm: the
+  // workload's images are looked up before the first request.
+  bool skip_encoder_hop = false;
   int max_active_pushes = 64;  // pacing: new requests wait while more pushes are in flight
   // > 0: new requests also wait while this many were forwarded to the consumer and not
   // yet answered as resolved there (1: one request at a time, end to end).

@@ -114,7 +114,9 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
       all_ready = false;
       continue;
     }
-    if (!transfer_id && !params) continue;  // no transfer was ever announced for it: the engine encodes it
+    // No transfer was ever announced for it, or the proxy sent it to come from the
+    // shared store: the engine encodes it unless the store gate claims it.
+    if (!transfer_id && (!params || is_store_item(params, i, mm_hash))) continue;
     if (!transfer_id) failures_.warn_unresolved(request, i, "load gate");
     std::string waiting_id = transfer_id ? std::string(*transfer_id) : fallback_id(request, i);
     // Another request used this one's delivery: wait for that request's own push instead.
@@ -231,7 +233,9 @@ void ConsumerGate::after_free(const RequestView& request, std::size_t index) {
   const MmFeature& feature = request.mm_features[index];
   auto transfer_id = resolve_transfer_id(params, index, feature.identifier);
   if (!transfer_id) {
-    if (params) failures_.warn_unresolved(request, index, "encoder-cache free");
+    if (params && !is_store_item(params, index, feature.identifier)) {
+      failures_.warn_unresolved(request, index, "encoder-cache free");
+    }
     return;
   }
   // Release now rather than at request end: a buffer held for the whole
@@ -322,6 +326,7 @@ void ConsumerGate::finish(const RequestView& request) {
     const MmFeature& feature = request.mm_features[i];
     auto transfer_id = resolve_transfer_id(params, i, feature.identifier);
     if (!transfer_id) {
+      if (is_store_item(params, i, feature.identifier)) continue;  // nothing was reserved for it
       table_.withdraw(fallback_id(request, i), request.request_id);
       if (params) failures_.warn_unresolved(request, i, "request finish");
       continue;

@@ -47,7 +47,7 @@ SchedulerCoordinator::SchedulerCoordinator(CoordinatorOptions options, std::shar
       failures_(std::make_unique<RequestFailures>(options_.max_notified_remembered)),
       gate_(std::make_unique<ConsumerGate>(options_, clock, std::move(events), std::move(control), *failures_)),
       planner_(std::make_unique<PushPlanner>(options_, *failures_)),
-      store_(std::make_unique<StoreGate>(options_, std::move(clock))) {}
+      store_(std::make_unique<StoreGate>(options_, std::move(clock), *failures_)) {}
 
 SchedulerCoordinator::~SchedulerCoordinator() { close(); }
 
@@ -59,7 +59,7 @@ bool SchedulerCoordinator::has_pending_push_work() const noexcept {
 }
 
 bool SchedulerCoordinator::has_cache_item(std::string_view identifier) {
-  // A consumer's own transfers first; a producer's shared store after.
+  // The consumer's own transfers first; the shared store after.
   return gate_->has_cache_item(identifier) || store_->has_cache_item(identifier);
 }
 
@@ -105,7 +105,7 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
 void SchedulerCoordinator::update_connector_output(const WorkerOutput& output) {
   gate_->take_output(output);
   planner_->note_pending_saves(output.pending_saves);
-  if (options_.is_producer) store_->take_output(output);
+  store_->take_output(output);
   failures_->add_failed_saves(output.failed_saves);
 }
 
@@ -161,7 +161,7 @@ CoordinatorStats SchedulerCoordinator::stats() const noexcept {
   s.alloc_loads = gate.alloc_loads;
   s.alloc_load_misses = gate.alloc_load_misses;
   s.local_fallbacks = gate.local_fallbacks;
-  s.stranded_items = gate.stranded_items;
+  s.stranded_items = gate.stranded_items + store.stranded;
   return s;
 }
 

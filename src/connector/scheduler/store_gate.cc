@@ -1,15 +1,45 @@
 #include "connector/scheduler/store_gate.h"
 
 #include "connector/scheduler/push_planner.h"
+#include "ecx/connector/scheduler/transfer_params.h"
 
 namespace ecx::scheduler {
 
+bool StoreGate::candidate(const RequestView& request, std::size_t index, bool& marked) const {
+  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const MmFeature& feature = request.mm_features[index];
+  marked = options_.is_consumer && is_store_item(params, index, feature.identifier);
+  if (feature.modality != "image") return false;
+  // A consumer waits for the pushes its ec_transfer_params announce; the rest it encodes.
+  return options_.is_producer || marked || params == nullptr;
+}
+
+void StoreGate::strand_if_mediafree(const RequestView& request, const MmFeature& feature, bool marked) {
+  if (!marked || feature.has_media) return;
+  failures_.mark(request.request_id);
+  if (!stranded_.insert(request.request_id + "\n" + feature.identifier, options_.max_notified_remembered)) return;
+  ++stats_.stranded;
+  detail::coordinator_logger()->error(
+      "EC request {}: mm_hash={} was sent to come from the store, which cannot give it, and carries no media to "
+      "encode; failing the request",
+      detail::shorten(request.request_id), detail::shorten(feature.identifier));
+}
+
 bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_tokens) {
-  if (!enabled() || !asynchronous()) return true;
   const TimePoint now = clock_->now();
   bool waiting = false;
-  for (const MmFeature& feature : request.mm_features) {
-    if (feature.modality != "image" || feature.computed_by(num_computed_tokens)) continue;
+  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
+    const MmFeature& feature = request.mm_features[i];
+    if (feature.computed_by(num_computed_tokens)) continue;
+    bool marked = false;
+    if (!candidate(request, i, marked)) {
+      strand_if_mediafree(request, feature, marked);  // marked, but not an image
+      continue;
+    }
+    if (!enabled() || !asynchronous()) {
+      strand_if_mediafree(request, feature, marked);
+      continue;
+    }
     const std::string& h = feature.identifier;
     if (auto it = entries_.find(h); it != entries_.end()) {
       if (it->second.state == State::ready) continue;
@@ -21,14 +51,21 @@ bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_toke
       ++stats_.prefetch_timeouts;
       erase(it);
       refuse(h, now);
+      strand_if_mediafree(request, feature, marked);
       continue;
     }
     if (auto r = refused_until_.find(h); r != refused_until_.end()) {
-      if (now < r->second) continue;
+      if (now < r->second) {
+        strand_if_mediafree(request, feature, marked);
+        continue;
+      }
       refused_until_.erase(r);
     }
-    if (entries_.size() >= kMaxEntries) continue;  // enough in hand: encode the rest
-    if (!store_->present(h)) continue;
+    // Enough in hand: encode the rest.
+    if (entries_.size() >= kMaxEntries || !(marked || store_->present(h))) {
+      strand_if_mediafree(request, feature, marked);
+      continue;
+    }
     auto spec = expected_output_spec(options_, feature);
     if (!spec) continue;
     entries_.emplace(h, Entry{State::prefetching, now});
@@ -46,7 +83,7 @@ bool StoreGate::has_cache_item(std::string_view identifier) {
   if (asynchronous()) {
     auto it = entries_.find(identifier);
     if (it == entries_.end() || it->second.state != State::ready) return false;
-  } else if (!store_->present(identifier)) {
+  } else if (!claims_unverified() || !store_->present(identifier)) {
     return false;
   }
   ++stats_.hits;
@@ -65,6 +102,9 @@ bool StoreGate::after_alloc(const RequestView& request, std::size_t index) {
     // The workers' prefetched copy is consumed by this load.
     if (auto it = entries_.find(feature.identifier); it != entries_.end()) erase(it);
   }
+  // The workers report this load (where reports reach the scheduler at all: bounded).
+  if (loads_awaited_.size() >= kMaxLoadsAwaited) loads_awaited_.clear();
+  loads_awaited_[feature.identifier].push_back(request.request_id);
   return true;
 }
 
@@ -94,10 +134,23 @@ void StoreGate::take_output(const WorkerOutput& output) {
   for (const auto& h : output.store_dropped) {
     if (auto it = entries_.find(h); it != entries_.end() && it->second.state == State::ready) erase(it);
   }
+  for (const auto& h : output.loaded) loads_awaited_.erase(h);
   for (const auto& h : output.failed_loads) {
-    // A store load at allocation failed (synchronous loads, or a dropped copy).
+    // A store load at allocation failed (its prefetched copy was dropped, and the
+    // store could not give it again).
+    auto it = loads_awaited_.find(h);
+    if (it == loads_awaited_.end()) continue;  // a transfer's load, not the store's
     store_->forget(h);
     ++stats_.load_failures;
+    if (options_.is_consumer) {
+      // The engine ran those requests without the item: they cannot be answered right.
+      for (const auto& request_id : it->second) {
+        detail::coordinator_logger()->error("EC request {}: loading mm_hash={} from the store failed; failing it",
+                                            detail::shorten(request_id), detail::shorten(h));
+        failures_.mark(request_id);
+      }
+    }
+    loads_awaited_.erase(it);
   }
 }
 

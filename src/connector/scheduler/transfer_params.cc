@@ -1,5 +1,7 @@
 #include "ecx/connector/scheduler/transfer_params.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "connector/scheduler/transfer_params_json.h"
@@ -62,7 +64,18 @@ Result<EcTransferParams> parse_ec_transfer_params(const nlohmann::json& value) {
       if (!mm_hash) return mm_hash.status();
       auto transfer_id = optional_id(item, "transfer_id", i);
       if (!transfer_id) return transfer_id.status();
-      params.items.push_back(EcItem{std::move(*mm_hash), std::move(*transfer_id)});
+      bool from_store = false;
+      if (auto store = item.find("store"); store != item.end() && !store->is_null()) {
+        if (!store->is_boolean()) {
+          return invalid_argument(fmt::format("ec_items[{}].store must be a boolean, got {}", i, type_name(*store)));
+        }
+        from_store = store->get<bool>();
+      }
+      if (from_store && *transfer_id) {
+        return invalid_argument(fmt::format(
+            "ec_items[{}] names a transfer_id and \"store\": true; an item comes from a push or from the store", i));
+      }
+      params.items.push_back(EcItem{std::move(*mm_hash), std::move(*transfer_id), from_store});
     }
   }
   return params;
@@ -86,6 +99,17 @@ std::optional<std::string_view> resolve_transfer_id(const EcTransferParams* para
     if (item.mm_hash && *item.mm_hash == identifier && item.transfer_id) return *item.transfer_id;
   }
   return std::nullopt;
+}
+
+bool is_store_item(const EcTransferParams* params, std::size_t index, std::string_view identifier) {
+  if (params == nullptr) return false;
+  const auto& items = params->items;
+  if (index < items.size() && (!items[index].mm_hash || *items[index].mm_hash == identifier)) {
+    return items[index].from_store;
+  }
+  return std::any_of(items.begin(), items.end(), [&](const EcItem& item) {
+    return item.from_store && item.mm_hash && *item.mm_hash == identifier;
+  });
 }
 
 void set_ec_transfer_params(RequestView& request, const nlohmann::json& value) {

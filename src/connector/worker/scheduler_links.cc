@@ -159,7 +159,7 @@ Result<std::unique_ptr<scheduler::SchedulerCoordinator>> make_scheduler_coordina
     control = make_consumer_control(shared_client, config.control_timeout());
   }
   std::shared_ptr<scheduler::StorePresence> presence;
-  if (config.is_producer() && config.cross_encoder_cache) {
+  if (config.cross_encoder_cache) {
     auto made = make_store_presence(config, clock);
     if (!made) return made.status();
     presence = std::move(*made);

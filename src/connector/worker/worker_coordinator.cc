@@ -66,8 +66,9 @@ struct WorkerCoordinator::CudaCopier {
   int device = -1;
 };
 
-// The cross-encoder cache on a producer: a store connection for loads, a publisher
-// (its own connection) for computed outputs, and the candidates the scheduler named.
+// The cross-encoder cache: a store connection for loads and its prefetcher; on a
+// producer also a publisher (its own connection) for computed outputs, and the
+// candidates the scheduler named.
 struct WorkerCoordinator::StoreSide {
   static constexpr std::size_t kMaxWanted = 4'096;  // candidates remembered until their save_cache
   std::shared_ptr<store::EmbeddingStore> loads;
@@ -119,23 +120,27 @@ Result<std::unique_ptr<WorkerCoordinator>> WorkerCoordinator::start(const Config
     auto engine = producer::PushEngine::start(config, clock);
     if (!engine) return engine.status();
     w->pushes_ = std::move(*engine);
-    if (config.cross_encoder_cache) {
+  }
+  // Producers load hits and publish; a consumer's first PP stage loads the items routed
+  // to the store (no publishing: a consumer's own encodes are not store candidates).
+  if (config.cross_encoder_cache && (w->pushes_ || w->shard_)) {
+    auto loads = store::open_store(config, clock);
+    if (!loads) return loads.status();
+    w->store_ = std::make_unique<StoreSide>();
+    w->store_->loads = std::move(*loads);
+    if (w->pushes_) {
       // Two connections: a 9 MiB publish must not hold up a load the engine waits for.
-      auto loads = store::open_store(config, clock);
-      if (!loads) return loads.status();
       auto publishing = store::open_store(config, clock);
       if (!publishing) return publishing.status();
-      w->store_ = std::make_unique<StoreSide>();
-      w->store_->loads = std::move(*loads);
       w->store_->publishing = std::move(*publishing);
       w->store_->publisher =
           std::make_unique<store::Publisher>(w->store_->publishing, store::publisher_options(config));
-      // Held copies the engine does not allocate within a minute are given back.
-      w->store_->prefetcher = std::make_unique<StorePrefetcher>(w->store_->loads, config.store_prefetch_max_bytes,
-                                                                std::chrono::seconds(60), clock);
-      ecx::log::get("worker")->info("cross-encoder cache on {} (prefix {}, model {})", w->store_->loads->describe(),
-                                    config.store_prefix, config.store_model);
     }
+    // Held copies the engine does not allocate within a minute are given back.
+    w->store_->prefetcher = std::make_unique<StorePrefetcher>(w->store_->loads, config.store_prefetch_max_bytes,
+                                                              std::chrono::seconds(60), clock);
+    ecx::log::get("worker")->info("cross-encoder cache on {} (prefix {}, model {}{})", w->store_->loads->describe(),
+                                  config.store_prefix, config.store_model, w->store_->publisher ? "" : ", loads only");
   }
   return w;
 }
@@ -324,7 +329,7 @@ StoreWorkerCounters WorkerCoordinator::store_counters() const {
   StoreWorkerCounters c;
   if (!store_) return c;
   const auto loads = store_->loads->counters();
-  const auto writes = store_->publishing->counters();
+  const auto writes = store_->publishing ? store_->publishing->counters() : store::StoreCounters{};
   const auto p = store_->publisher_counters();
   const auto prefetch = store_->prefetcher->counters();
   c.prefetched = prefetch.prefetched;

@@ -138,20 +138,24 @@ TEST_F(CrossEncoder, AStoreStalledMidRunHangsNothing) {
   EXPECT_LE(r.summary.value("wall_s", 1e9), 110.0) << "ended on its own, not at the deadline";
 }
 
+// Flips the last byte of every demo entry: the header still reads, the checksum does not match.
+void corrupt_every_entry(RedisServer& redis) {
+  auto keys = redis.raw({"KEYS", "ecxdemo:*"});
+  ASSERT_TRUE(keys && keys->type == REDIS_REPLY_ARRAY && keys->elements > 0);
+  for (std::size_t i = 0; i < keys->elements; ++i) {
+    const std::string key(keys->element[i]->str, keys->element[i]->len);
+    auto length = redis.raw({"STRLEN", key});
+    ASSERT_TRUE(length && length->type == REDIS_REPLY_INTEGER && length->integer > 0);
+    redis.raw({"SETRANGE", key, std::to_string(length->integer - 1), "\x7f"});
+  }
+}
+
 TEST_F(CrossEncoder, CorruptEntriesAreRefusedDeletedAndWrittenAgainGood) {
   auto redis = RedisServer::start();
   ASSERT_TRUE(redis) << redis.status().to_string();
   const DemoRun first = demo("fill", {"--cross-encoder-cache", "--store-url", redis->url()});
   ASSERT_EQ(first.exit_code, 0) << first.summary.dump();
-  // Flip the last byte of every entry: the header still reads, the checksum does not match.
-  auto keys = redis->raw({"KEYS", "ecxdemo:*"});
-  ASSERT_TRUE(keys && keys->type == REDIS_REPLY_ARRAY && keys->elements > 0);
-  for (std::size_t i = 0; i < keys->elements; ++i) {
-    const std::string key(keys->element[i]->str, keys->element[i]->len);
-    auto length = redis->raw({"STRLEN", key});
-    ASSERT_TRUE(length && length->type == REDIS_REPLY_INTEGER && length->integer > 0);
-    redis->raw({"SETRANGE", key, std::to_string(length->integer - 1), "\x7f"});
-  }
+  corrupt_every_entry(*redis);
   const DemoRun corrupt = demo("corrupt", {"--cross-encoder-cache", "--store-url", redis->url()});
   expect_all_resolved(corrupt, "corrupt");
   EXPECT_GT(n(corrupt, "store_rejected"), 0u) << corrupt.summary.dump();
@@ -165,6 +169,38 @@ TEST_F(CrossEncoder, CorruptEntriesAreRefusedDeletedAndWrittenAgainGood) {
   EXPECT_EQ(n(again, "store_rejected"), 0u);
   EXPECT_EQ(n(again, "store_load_failures"), 0u);
   EXPECT_GT(n(again, "cross_encoder_hits"), 0u);
+}
+
+TEST_F(CrossEncoder, RequestsWhoseImagesAreAllStoredSkipTheEncoderAndTheConsumerLoadsThem) {
+  auto redis = RedisServer::start();
+  ASSERT_TRUE(redis) << redis.status().to_string();
+  const DemoRun plain = demo("skip-plain", {});
+  const DemoRun fill = demo("skip-fill", {"--cross-encoder-cache", "--store-url", redis->url()});
+  ASSERT_EQ(fill.exit_code, 0) << fill.summary.dump();
+  const DemoRun skip = demo("skip", {"--cross-encoder-cache", "--store-url", redis->url(), "--skip-encoder-hop"});
+  ASSERT_EQ(skip.exit_code, 0) << skip.summary.dump();
+  EXPECT_TRUE(skip.summary.value("passed", false)) << skip.summary.dump();
+  EXPECT_EQ(n(skip, "content_mismatches"), 0u) << "the store's bytes are the encoder's";
+  EXPECT_GT(n(skip, "encoder_hops_skipped"), 0u) << skip.summary.dump();
+  EXPECT_GT(n(skip, "consumer_store_loads"), 0u) << skip.summary.dump();
+  EXPECT_EQ(n(skip, "consumer_local_encodes"), 0u) << "every entry was good";
+  EXPECT_LT(n(skip, "encoder_runs"), n(plain, "encoder_runs"));
+  EXPECT_EQ(n(skip, "images_requested"), n(plain, "images_requested")) << "the same workload";
+}
+
+TEST_F(CrossEncoder, AConsumerEncodesTheStoredImagesItCannotLoadWhenTheEncoderHopWasSkipped) {
+  auto redis = RedisServer::start();
+  ASSERT_TRUE(redis) << redis.status().to_string();
+  const DemoRun fill = demo("skip-corrupt-fill", {"--cross-encoder-cache", "--store-url", redis->url()});
+  ASSERT_EQ(fill.exit_code, 0) << fill.summary.dump();
+  corrupt_every_entry(*redis);
+  const DemoRun r = demo("skip-corrupt", {"--cross-encoder-cache", "--store-url", redis->url(), "--skip-encoder-hop"});
+  ASSERT_EQ(r.exit_code, 0) << r.summary.dump();
+  EXPECT_TRUE(r.summary.value("passed", false)) << "every request served: " << r.summary.dump();
+  EXPECT_EQ(n(r, "content_mismatches"), 0u) << "no corrupt byte was used";
+  EXPECT_GT(n(r, "encoder_hops_skipped"), 0u) << r.summary.dump();
+  EXPECT_GT(n(r, "consumer_local_encodes"), 0u) << r.summary.dump();
+  EXPECT_GT(n(r, "consumer_store_prefetch_failures"), 0u) << r.summary.dump();
 }
 
 }  // namespace

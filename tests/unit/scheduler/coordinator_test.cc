@@ -221,6 +221,133 @@ TEST(CoordinatorStore, WithoutTheCrossEncoderCacheTheStoreIsNeverAsked) {
   EXPECT_EQ(h.coordinator.stats().store_lookups, 0u);
 }
 
+// ------------------------------------------------------------------ consumer and the store
+
+// A consumer request whose items the proxy sent to come from the store
+// (ec_items [{mm_hash, "store": true}]) after finding them there.
+RequestView store_request(const std::string& id, const std::vector<std::string>& hashes) {
+  RequestView r;
+  r.request_id = id;
+  nlohmann::json items = nlohmann::json::array();
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    r.mm_features.push_back(testing::feature(hashes[i], static_cast<std::int64_t>(i) * 10));
+    items.push_back({{"mm_hash", hashes[i]}, {"store", true}});
+  }
+  set_ec_transfer_params(r, nlohmann::json{{"ec_items", items}});
+  return r;
+}
+
+struct ConsumerStoreHarness {
+  explicit ConsumerStoreHarness(bool cross_encoder_cache = true, bool asynchronous = true)
+      : h(options(cross_encoder_cache, asynchronous)) {
+    h.coordinator.set_store_presence(store);
+  }
+  static CoordinatorOptions options(bool cross_encoder_cache, bool asynchronous) {
+    auto o = testing::consumer_options();
+    o.cross_encoder_cache = cross_encoder_cache;
+    o.asynchronous_loads = asynchronous;
+    o.encoder_output_width = 16;
+    o.encoder_dtype = DType::bfloat16;
+    return o;
+  }
+  void report(WorkerOutput out) { h.coordinator.update_connector_output(out); }
+  Harness h;
+  // Empty: the proxy's word is enough to try a prefetch, which verifies the entry.
+  std::shared_ptr<FakeStorePresence> store = std::make_shared<FakeStorePresence>();
+};
+
+TEST(CoordinatorConsumerStore, AStoreItemIsPrefetchedClaimedAndLoadedWithoutAwaitingAnyPush) {
+  ConsumerStoreHarness s;
+  auto r = store_request("r1", {"hs"});
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0)) << "deferred while the prefetch runs";
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("hs"));
+  auto meta = s.h.step();
+  ASSERT_EQ(meta.store_prefetches.size(), 1u);
+  EXPECT_EQ(meta.store_prefetches[0].mm_hash, "hs");
+  EXPECT_EQ(meta.store_prefetches[0].spec, testing::spec_of(4, 16, DType::bfloat16));
+  EXPECT_EQ(s.h.coordinator.table().size(), 0u) << "no transfer is awaited for a store item";
+  s.report(WorkerOutput{.store_ready = {"hs"}});
+  ASSERT_TRUE(s.h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_TRUE(s.h.coordinator.has_cache_item("hs"));
+  s.h.coordinator.update_state_after_alloc(r, 0);
+  meta = s.h.step();
+  ASSERT_EQ(meta.store_loads.size(), 1u);
+  EXPECT_TRUE(meta.loads.empty());
+  s.report(WorkerOutput{.loaded = {"hs"}});
+  (void)s.h.coordinator.request_finished(r);
+  EXPECT_EQ(s.h.coordinator.pending_remote_cancels(), 0u) << "nothing was reserved, nothing to cancel";
+  EXPECT_TRUE(s.h.coordinator.take_unavailable_requests().empty());
+  EXPECT_EQ(s.h.coordinator.stats().store_loads, 1u);
+  EXPECT_EQ(s.h.coordinator.stats().unresolved_transfer_ids, 0u);
+}
+
+TEST(CoordinatorConsumerStore, AStoreItemTheStoreCannotGiveIsEncodedLocallyFromItsMedia) {
+  ConsumerStoreHarness s;
+  auto r = store_request("r1", {"gone"});
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0));
+  (void)s.h.step();
+  s.report(WorkerOutput{.store_failed = {"gone"}});
+  EXPECT_TRUE(s.h.coordinator.ensure_cache_available(r, 0)) << "encoded by the engine instead";
+  EXPECT_FALSE(s.h.coordinator.has_cache_item("gone"));
+  EXPECT_TRUE(s.h.coordinator.take_unavailable_requests().empty());
+  EXPECT_EQ(s.h.coordinator.stats().store_prefetch_failures, 1u);
+}
+
+TEST(CoordinatorConsumerStore, AStoreItemWithoutMediaTheStoreCannotGiveFailsItsRequestOnce) {
+  ConsumerStoreHarness s;
+  auto r = store_request("r1", {"gone"});
+  r.mm_features[0].has_media = false;
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(r, 0));
+  (void)s.h.step();
+  s.report(WorkerOutput{.store_failed = {"gone"}});
+  (void)s.h.coordinator.ensure_cache_available(r, 0);
+  (void)s.h.coordinator.ensure_cache_available(r, 0);
+  EXPECT_EQ(s.h.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+  EXPECT_EQ(s.h.coordinator.stats().stranded_items, 1u);
+}
+
+TEST(CoordinatorConsumerStore, AFailedStoreLoadFailsTheRequestsThatAllocatedIt) {
+  ConsumerStoreHarness s;
+  auto r = store_request("r1", {"hs"});
+  (void)s.h.coordinator.ensure_cache_available(r, 0);
+  (void)s.h.step();
+  s.report(WorkerOutput{.store_ready = {"hs"}});
+  ASSERT_TRUE(s.h.coordinator.ensure_cache_available(r, 0));
+  ASSERT_TRUE(s.h.coordinator.has_cache_item("hs"));
+  s.h.coordinator.update_state_after_alloc(r, 0);
+  (void)s.h.step();
+  s.report(WorkerOutput{.failed_loads = {"hs"}});
+  EXPECT_EQ(s.h.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+  EXPECT_EQ(s.h.coordinator.stats().store_load_failures, 1u);
+  EXPECT_EQ(s.store->forgotten, std::vector<std::string>{"hs"});
+}
+
+TEST(CoordinatorConsumerStore, PushedItemsNeverComeFromTheStoreAndRequestsWithoutParamsAskTheIndex) {
+  ConsumerStoreHarness s;
+  s.store->held = {"pushed", "local"};
+  auto pushed = request("r1", {"pushed"}, {"t1"});
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(pushed, 0)) << "waits for its push";
+  EXPECT_TRUE(s.h.step().store_prefetches.empty());
+  RequestView plain;  // sent to this instance without a proxy: it would encode the item itself
+  plain.request_id = "r2";
+  plain.mm_features.push_back(testing::feature("local"));
+  EXPECT_FALSE(s.h.coordinator.ensure_cache_available(plain, 0));
+  auto meta = s.h.step();
+  ASSERT_EQ(meta.store_prefetches.size(), 1u);
+  EXPECT_EQ(meta.store_prefetches[0].mm_hash, "local");
+}
+
+TEST(CoordinatorConsumerStore, WithoutTheCacheOrWithSynchronousLoadsStoreItemsAreEncodedLocally) {
+  for (const bool cache : {false, true}) {
+    ConsumerStoreHarness s(/*cross_encoder_cache=*/cache, /*asynchronous=*/false);
+    auto r = store_request("r1", {"hs"});
+    EXPECT_TRUE(s.h.coordinator.ensure_cache_available(r, 0)) << "cache " << cache;
+    EXPECT_FALSE(s.h.coordinator.has_cache_item("hs")) << "cache " << cache;
+    EXPECT_TRUE(s.h.step().store_prefetches.empty());
+    EXPECT_EQ(s.h.coordinator.table().size(), 0u);
+  }
+}
+
 TEST(CoordinatorProducer, FailedSavesFailTheirRequestsOnce) {
   Harness h(testing::producer_options());
   h.coordinator.update_connector_output(WorkerOutput{{}, {}, {}, true, {"r1", "r2"}});

@@ -42,6 +42,8 @@ TEST(TransferParams, RejectsWrongTypesAndInvalidIds) {
       R"({"ec_items": [{"transfer_id": ""}]})",
       R"({"ec_items": [{"transfer_id": "has space"}]})",
       R"({"ec_items": [{"mm_hash": ["x"]}]})",
+      R"({"ec_items": [{"mm_hash": "h", "store": "yes"}]})",
+      R"({"ec_items": [{"mm_hash": "h", "transfer_id": "t", "store": true}]})",
   };
   for (const char* text : bad) {
     auto p = parse_ec_transfer_params_text(text);
@@ -67,6 +69,25 @@ TEST(TransferParams, ResolvesByPositionWhenMmHashIsAbsentOrEqualElseByHash) {
   EXPECT_FALSE(resolve_transfer_id(&p, 3, "hZ"));            // names no transfer
   EXPECT_FALSE(resolve_transfer_id(&p, 7, "nope"));
   EXPECT_FALSE(resolve_transfer_id(nullptr, 0, "hB"));
+}
+
+TEST(TransferParams, StoreItemsAreMatchedByPositionOrHashAndNameNoTransfer) {
+  auto p = *parse_ec_transfer_params(json::parse(R"({"ec_items": [
+      {"store": true},
+      {"mm_hash": "hB", "store": true},
+      {"mm_hash": "hC", "transfer_id": "tC"},
+      {"mm_hash": "hD", "store": false},
+      {"mm_hash": "hE", "store": null}]})"));
+  EXPECT_TRUE(p.items[0].from_store);
+  EXPECT_FALSE(p.items[2].from_store);
+  EXPECT_TRUE(is_store_item(&p, 0, "anything"));  // positional, no mm_hash
+  EXPECT_TRUE(is_store_item(&p, 1, "hB"));
+  EXPECT_TRUE(is_store_item(&p, 5, "hB"));   // position disagrees → by hash
+  EXPECT_FALSE(is_store_item(&p, 2, "hC"));  // a pushed item
+  EXPECT_FALSE(is_store_item(&p, 3, "hD"));
+  EXPECT_FALSE(is_store_item(&p, 4, "hE"));
+  EXPECT_FALSE(is_store_item(nullptr, 0, "hB"));
+  EXPECT_FALSE(resolve_transfer_id(&p, 1, "hB"));
 }
 
 TEST(TransferParams, RequestViewRecordsMalformedParamsInsteadOfThrowing) {

@@ -204,17 +204,20 @@ TEST(StoreConfig, TheUrlIsReadAndBadOnesAreNamed) {
   EXPECT_NE(redis_options(c).status().message().find("store_model"), std::string::npos);
 }
 
-TEST(StoreConfig, TheCrossEncoderCacheNeedsAStoreAndAModel) {
-  const auto parse = [](const std::string& extra) {
-    return parse_config(R"({"ec_role": "ec_producer", "ec_connector_extra_config": {)" + extra + "}}", {});
-  };
-  EXPECT_NE(parse(R"("cross_encoder_cache": true)").status().message().find("store_url"), std::string::npos);
-  EXPECT_NE(parse(R"("cross_encoder_cache": true, "store_url": "redis://h")").status().message().find("store_model"),
-            std::string::npos);
-  auto ok = parse(R"("cross_encoder_cache": true, "store_url": "redis://h", "store_model": "m", "store_ttl_s": 60)");
-  ASSERT_TRUE(ok) << ok.status().to_string();
-  EXPECT_EQ(ok->store_ttl_s, 60);
-  EXPECT_NE(parse(R"("store_ttl_s": -1)").status().message().find("store_ttl_s"), std::string::npos);
+TEST(StoreConfig, TheCrossEncoderCacheNeedsAStoreAndAModelOnEveryRole) {
+  for (const std::string role : {"ec_producer", "ec_consumer", "ec_both"}) {
+    const auto parse = [&](const std::string& extra) {
+      return parse_config(R"({"ec_role": ")" + role + R"(", "ec_connector_extra_config": {)" + extra + "}}", {});
+    };
+    EXPECT_NE(parse(R"("cross_encoder_cache": true)").status().message().find("store_url"), std::string::npos) << role;
+    EXPECT_NE(parse(R"("cross_encoder_cache": true, "store_url": "redis://h")").status().message().find("store_model"),
+              std::string::npos)
+        << role;
+    auto ok = parse(R"("cross_encoder_cache": true, "store_url": "redis://h", "store_model": "m", "store_ttl_s": 60)");
+    ASSERT_TRUE(ok) << role << ": " << ok.status().to_string();
+    EXPECT_EQ(ok->store_ttl_s, 60);
+    EXPECT_NE(parse(R"("store_ttl_s": -1)").status().message().find("store_ttl_s"), std::string::npos);
+  }
 }
 
 }  // namespace
