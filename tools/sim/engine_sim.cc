@@ -494,6 +494,9 @@ struct ConsumerSim::State {
     }
     for (auto& [id, ok] : scheduled) ok = allocate_request(pending.at(id));
     scheduler::StepView view;
+    // Like vLLM's encoder cache, an entry no request used any more but one scheduled in
+    // this step allocated again is a hit, not an eviction.
+    std::erase_if(to_free, [&](const std::string& h) { return allocated.contains(h); });
     view.free_encoder_mm_hashes = std::move(to_free);
     to_free.clear();
     const auto meta = scheduler->build_connector_meta(view);
@@ -718,6 +721,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     // Requests the gate deferred (their items are being prefetched from the store) are
     // asked again first, as vLLM's waiting queue does.
     std::vector<const SimRequest*> candidates(deferred.begin(), deferred.end());
+    const std::size_t deferred_count = deferred.size();
     deferred.clear();
     std::vector<const SimRequest*> batch;
     // A push submitted in the last step may not count as active yet; pending() sees
@@ -746,10 +750,13 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     // Items the engine does not encode: has_cache_item said another encoder's output
     // is in the shared store (the cross-encoder cache), so it is loaded instead.
     std::set<std::string> external;
-    for (const auto* r : candidates) {
-      if (proxy_index && !r->items.empty() && std::all_of(r->items.begin(), r->items.end(), [&](const Item& item) {
-            return proxy_index->present(item.mm_hash);
-          })) {
+    for (std::size_t c = 0; c < candidates.size(); ++c) {
+      const SimRequest* r = candidates[c];
+      // The proxy decides before the encoder hop: a request this encoder deferred is its own.
+      const bool new_request = c >= deferred_count;
+      if (new_request && proxy_index && !r->items.empty() &&
+          std::all_of(r->items.begin(), r->items.end(),
+                      [&](const Item& item) { return proxy_index->present(item.mm_hash); })) {
         // Every image is in the store: the proxy sends the request straight on.
         json message{{"request_id", r->request_id}, {"items", json::array()}};
         json items = json::array();

@@ -63,7 +63,13 @@ StorePrefetcher::Report StorePrefetcher::drain() {
     report_.dropped.push_back(it->first);
     it = held_.erase(it);
   }
-  return std::exchange(report_, {});
+  Report out = std::exchange(report_, {});
+  // Every copy held, each time: TP ranks finish their reads in different steps, and the
+  // scheduler sees a copy as ready only in a step whose reports all name it.
+  out.ready.clear();
+  out.ready.reserve(held_.size());
+  for (const auto& [h, copy] : held_) out.ready.push_back(h);
+  return out;
 }
 
 StorePrefetcher::Counters StorePrefetcher::counters() const {

@@ -1,5 +1,5 @@
 #pragma once
-// The cross-encoder cache's reads on a producer worker, ahead of their allocation: a
+// The cross-encoder cache's reads on a worker, ahead of their allocation: a
 // thread of its own reads each entry the scheduler asked for from the store, checked
 // (header, model identity, shape, xxHash64) before it is kept, into host memory
 // bounded by max_bytes. The engine's thread only queues requests and takes copies: it
@@ -54,7 +54,8 @@ class StorePrefetcher {
   void request(const scheduler::StoreLoad& item);
   // The held copy of mm_hash, handed over (nullopt when not held).
   std::optional<Copy> take(std::string_view mm_hash);
-  // Answers since the last call; copies held longer than hold_for are dropped first.
+  // Failures and drops since the last call, and every copy held now (not only the new
+  // ones: see drain); copies held longer than hold_for are dropped first.
   Report drain();
   Counters counters() const;
 
