@@ -21,6 +21,7 @@ struct ProxyFlags {
   proxy::ProxyOptions options;
   double connect_timeout = 5, encode_timeout = 300, prefill_timeout = 600, decode_timeout = 600, client_timeout = 60;
   double keep_alive_idle = 2, probe_interval = 5, probe_timeout = 2, evicted_ttl = 900, shutdown_grace = 30;
+  double store_ttl = 3600, store_io_timeout = 0.5;
   bool no_rewrite = false;
   std::string log_level;
 };
@@ -53,6 +54,8 @@ int run_proxy(ProxyFlags& flags) {
   o.probe_timeout = seconds_to_duration(flags.probe_timeout);
   o.evicted_ttl = seconds_to_duration(flags.evicted_ttl);
   o.shutdown_grace = seconds_to_duration(flags.shutdown_grace);
+  o.store_ttl = seconds_to_duration(flags.store_ttl);
+  o.store_io_timeout = seconds_to_duration(flags.store_io_timeout);
   return proxy::run_proxy_until_signal(o);
 }
 
@@ -108,6 +111,26 @@ void add_proxy_command(CLI::App& app, Runner& run) {
                   "seconds an evicted (registered) instance is kept before it is forgotten (0: forever)")
       ->capture_default_str();
   cmd->add_option("--shutdown-grace", flags->shutdown_grace, "seconds in-flight requests get to finish after SIGTERM")
+      ->capture_default_str();
+  cmd->add_option("--store-url", o.store_url,
+                  "the encoders' shared store (their store_url: redis://[:password@]host[:port][/db] or "
+                  "mooncake://...): images already in it skip the encoder hop; unset turns this off")
+      ->envname("ECX_PROXY_STORE_URL");
+  cmd->add_option("--store-prefix", o.store_prefix, "the encoders' store_prefix (first part of every store key)")
+      ->capture_default_str();
+  cmd->add_option("--store-model", o.store_model,
+                  "the encoders' store_model (the model identity store entries are filed under); required with "
+                  "--store-url");
+  cmd->add_option("--store-ttl", flags->store_ttl,
+                  "the encoders' store_ttl_s: seconds after which a known entry is taken to have expired")
+      ->capture_default_str();
+  cmd->add_option("--store-io-timeout", flags->store_io_timeout,
+                  "seconds one store round trip may take (presence lookups, off the request path)")
+      ->capture_default_str();
+  cmd->add_option("--store-presence-max", o.store_presence_max, "store entries the presence index remembers")
+      ->capture_default_str();
+  cmd->add_option("--store-learned-max", o.store_learned_max,
+                  "engine hashes learned from encoder answers that are remembered (the oldest are forgotten)")
       ->capture_default_str();
   cmd->add_option("--log-level", flags->log_level,
                   "trace|debug|info|warn|error (debug prints a timing line per request)");

@@ -46,10 +46,17 @@ std::string random_hex(std::size_t digits) {
 }
 
 std::vector<std::vector<std::size_t>> group_items(const std::vector<MediaRef>& media, int max_batch) {
+  std::vector<std::size_t> all(media.size());
+  for (std::size_t i = 0; i < media.size(); ++i) all[i] = i;
+  return group_items(media, all, max_batch);
+}
+
+std::vector<std::vector<std::size_t>> group_items(const std::vector<MediaRef>& media,
+                                                  const std::vector<std::size_t>& indices, int max_batch) {
   std::vector<std::vector<std::size_t>> groups;
   std::vector<std::size_t> images;
-  const auto limit = max_batch <= 0 ? media.size() : static_cast<std::size_t>(max_batch);
-  for (std::size_t i = 0; i < media.size(); ++i) {
+  const auto limit = max_batch <= 0 ? indices.size() : static_cast<std::size_t>(max_batch);
+  for (const std::size_t i : indices) {
     if (media[i].modality != Modality::image || limit <= 1) {
       groups.push_back({i});
       continue;

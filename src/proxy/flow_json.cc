@@ -259,7 +259,7 @@ json build_consumer_body(const json& client_body, const std::vector<MediaRef>& m
       ++counted.rewritten;
     } else {
       if (rewrite) part["uuid"] = media[i].content_id;  // the same identifier the encoder derived
-      ++counted.raw;
+      ++(i < reports.size() && reports[i].from_store ? counted.from_store : counted.raw);
     }
   }
   if (!media.empty()) {
@@ -269,11 +269,16 @@ json build_consumer_body(const json& client_body, const std::vector<MediaRef>& m
     bool any_binding = false;
     for (std::size_t i = 0; i < media.size(); ++i) {
       json binding = json::object();
+      const bool from_store = i < reports.size() && reports[i].from_store;
       if (i < reports.size() && !reports[i].engine_hash.empty()) {
         binding["mm_hash"] = reports[i].engine_hash;
         if (!reports[i].handle.is_null()) params[reports[i].engine_hash] = reports[i].handle;
       }
-      if (i < transfer_ids.size()) binding["transfer_id"] = transfer_ids[i];
+      if (from_store) {
+        binding["store"] = true;  // nothing is pushed for it: no transfer id
+      } else if (i < transfer_ids.size()) {
+        binding["transfer_id"] = transfer_ids[i];
+      }
       any_binding = any_binding || !binding.empty();
       ec_items.push_back(std::move(binding));
     }

@@ -36,6 +36,7 @@ struct ItemReport {
   std::string engine_hash;  // the engine's identifier for the item; empty when not reported
   nlohmann::json metadata;  // placeholder fields (object); empty object when none
   nlohmann::json handle;    // the producer's entry, forwarded to the consumer under engine_hash; null if none
+  bool from_store = false;  // not encoded: the consumer loads engine_hash from the shared store
 };
 
 // Reads an encoder response's ec_transfer_params for the items of one sub-request.
@@ -51,8 +52,10 @@ Result<std::vector<ItemReport>> read_item_reports(const nlohmann::json& response
 // rewritten into "<modality>_embeds" parts when `rewrite` and metadata allow (all raw
 // when the request has audio and any item cannot be rewritten), and
 // ec_transfer_params = the client's own, plus each reported handle under its engine
-// hash, plus ec_items [{mm_hash?, transfer_id?}] in item order. `transfer_ids` is
-// empty when no consumer address is known.
+// hash, plus ec_items [{mm_hash?, transfer_id?}] in item order; an item the consumer
+// loads from the store (ItemReport::from_store) stays raw and is bound as
+// {mm_hash, "store": true}, without a transfer id. `transfer_ids` is empty when no
+// consumer address is known.
 nlohmann::json build_consumer_body(const nlohmann::json& client_body, const std::vector<MediaRef>& media,
                                    const std::vector<ItemReport>& reports, const std::vector<std::string>& transfer_ids,
                                    bool rewrite, ConsumerBodyStats* stats = nullptr);

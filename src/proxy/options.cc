@@ -4,7 +4,45 @@
 
 #include <fmt/format.h>
 
+#include "ecx/store/store_config.h"
+#include "store_route.h"
+
 namespace ecx::proxy {
+
+namespace {
+
+// The store settings: the flags an operator gives, each error naming its flag.
+Status validate_store(const ProxyOptions& options) {
+  if (options.store_url.empty()) {
+    if (!options.store_model.empty()) {
+      return invalid_argument("--store-model is set without --store-url: name the encoders' store (redis://host:port)");
+    }
+    return Status::ok();
+  }
+  if (options.store_model.empty()) {
+    return invalid_argument(
+        "--store-model is required with --store-url: the model identity the encoders file entries under (their "
+        "store_model)");
+  }
+  if (options.store_ttl <= Duration::zero()) {
+    return invalid_argument("--store-ttl must be a positive number of seconds (the encoders' store_ttl_s)");
+  }
+  if (options.store_io_timeout <= Duration::zero()) {
+    return invalid_argument("--store-io-timeout must be a positive number of seconds");
+  }
+  if (options.store_presence_max < 1 || options.store_presence_max > (std::size_t{1} << 32)) {
+    return invalid_argument("--store-presence-max must be in 1..4294967296");
+  }
+  if (options.store_learned_max < 1) return invalid_argument("--store-learned-max must be at least 1");
+  // Parses the URL and the key space as the encoders do, without connecting.
+  const Config config = store_config(options);
+  if (std::string_view(options.store_url).starts_with("mooncake://")) {
+    return with_store_flag_names(store::mooncake_options(config).status());
+  }
+  return with_store_flag_names(store::redis_options(config).status());
+}
+
+}  // namespace
 
 std::string UpstreamUrl::text() const { return fmt::format("http://{}:{}", host, port); }
 
@@ -78,7 +116,7 @@ Status validate(const ProxyOptions& options) {
       options.shutdown_grace < Duration::zero() || options.keep_alive_idle < Duration::zero()) {
     return invalid_argument("intervals must not be negative");
   }
-  return Status::ok();
+  return validate_store(options);
 }
 
 }  // namespace ecx::proxy

@@ -17,9 +17,11 @@
 #include "ecx/proxy/metrics.h"
 #include "ecx/proxy/proxy.h"
 #include "ecx/proxy/roster.h"
+#include "ecx/store/store_config.h"
 #include "flow_json.h"
 #include "http.h"
 #include "roster_json.h"
+#include "store_route.h"
 
 namespace ecx::proxy {
 
@@ -118,6 +120,9 @@ struct ProxyServer::Impl {
   std::atomic<std::uint16_t> bound_port{0};
   bool stopping = false;  // I/O thread only
   std::shared_ptr<spdlog::logger> log = ecx::log::get("proxy");
+  // The cross-encoder cache (null when --store-url is not given); I/O thread only.
+  std::unique_ptr<StoreRoute> store;
+  std::optional<std::uint64_t> store_collector;  // the presence index's series in `metrics`
 
   Impl(ProxyOptions o, std::shared_ptr<const Clock> c)
       : options(std::move(o)),
@@ -126,6 +131,32 @@ struct ProxyServer::Impl {
         client(io, http::ClientLimits{options.connect_timeout, options.keep_alive_idle, options.max_idle_per_upstream,
                                       256u << 20}) {
     describe_metrics();
+  }
+
+  ~Impl() {
+    // The collector reads the index, which goes before the registry does.
+    if (store_collector) metrics.registry().remove_collector(*store_collector);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // Opens the presence index; the store need not be up (the index retries by itself).
+  Status open_store() {
+    auto index = store::open_presence_index(store_config(options));
+    if (!index) return with_store_flag_names(index.status());
+    store = std::make_unique<StoreRoute>(std::move(*index), options.store_learned_max);
+    store_collector = store->index().export_metrics(metrics.registry());
+    for (const auto result : {"hit", "miss", "unknown"})
+      metrics.add("ecx_proxy_store_checks_total", {{"result", result}}, 0);
+    metrics.add("ecx_proxy_encode_skipped_total", {}, 0);
+    metrics.add("ecx_proxy_items_forwarded_total", {{"form", "store"}}, 0);
+    metrics.add("ecx_proxy_store_learned_forgotten_total", {}, 0);
+    metrics.set("ecx_proxy_store_learned_hashes", {}, 0);
+    const auto at = options.store_url.rfind('@');  // never print a password
+    log->info("cross-encoder cache: images in {} (prefix '{}', model '{}') skip the encoders",
+              at == std::string::npos ? options.store_url : "redis://***" + options.store_url.substr(at),
+              options.store_prefix, options.store_model);
+    return Status::ok();
   }
 
   void describe_metrics() {
@@ -143,6 +174,14 @@ struct ProxyServer::Impl {
     metrics.describe("ecx_proxy_readmissions_total", "Evicted instances re-admitted after a probe success");
     metrics.describe("ecx_proxy_instances", "Registered instances, by role and state");
     metrics.describe("ecx_proxy_inflight_requests", "Client requests being served");
+    metrics.describe("ecx_proxy_store_checks_total",
+                     "Images of all-image requests checked against the store: hit (in the store), miss (its engine "
+                     "hash is not in the store), unknown (no engine hash learned yet)");
+    metrics.describe("ecx_proxy_encode_skipped_total",
+                     "Requests whose images were all in the store: no encoder was called");
+    metrics.describe("ecx_proxy_store_learned_hashes", "Engine hashes learned from encoder answers");
+    metrics.describe("ecx_proxy_store_learned_forgotten_total",
+                     "Learned engine hashes forgotten to keep the map within --store-learned-max");
   }
 
   // ------------------------------------------------------------ replies
@@ -231,13 +270,15 @@ struct ProxyServer::Impl {
     fan->wait.done();
   }
 
-  // Sends every media item to the encoders, concurrently; the first failure wins.
+  // Sends the media items `to_encode` names to the encoders, concurrently; the first
+  // failure wins. `reports` gets one entry per media item (empty for the others).
   Task<std::optional<StageError>> run_encoders(const http::ServerRequest& req, const json& body,
                                                const std::vector<MediaRef>& media,
+                                               const std::vector<std::size_t>& to_encode,
                                                const std::vector<std::string>& transfer_ids,
                                                const std::string& consumer_zmq, const std::string& request_id,
                                                std::vector<ItemReport>& reports) {
-    const auto groups = group_items(media, options.encoder_max_batch);
+    const auto groups = group_items(media, to_encode, options.encoder_max_batch);
     const auto encoders = roster.pick_many(InstanceRole::encode, groups.size());
     if (encoders.empty()) co_return StageError{503, "encode", "no live encode instance", nullptr};
     auto fan = std::make_shared<EncodeFanOut>(io);
@@ -391,9 +432,6 @@ struct ProxyServer::Impl {
     }
     const auto decode = roster.pick(InstanceRole::decode);
     if (!decode) co_return co_await reply_error(res, 503, "decode", "no live decode instance");
-    if (!media.empty() && roster.live_count(InstanceRole::encode) == 0) {
-      co_return co_await reply_error(res, 503, "encode", "the request has media and no encode instance is live");
-    }
     const std::string& consumer_url = prefill ? *prefill : *decode;
     const ConsumerTarget target = roster.consumer_target(consumer_url).value_or(ConsumerTarget{});
 
@@ -405,13 +443,27 @@ struct ProxyServer::Impl {
       if (!target.zmq_addr.empty()) {
         for (std::size_t i = 0; i < media.size(); ++i) transfer_ids.push_back(random_hex(32));
       }
+      // Asked again on a retry: the store may have changed meanwhile.
+      const StorePlan plan = store ? store->plan(body, media) : encode_everything(media);
+      count_store_plan(plan, request_id);
+      if (!plan.to_encode.empty() && roster.live_count(InstanceRole::encode) == 0) {
+        co_return co_await reply_error(res, 503, "encode", "the request has media and no encode instance is live");
+      }
       std::vector<ItemReport> reports;
-      if (!media.empty()) {
+      if (!plan.to_encode.empty()) {
         const auto start = Steady::now();
-        if (auto error = co_await run_encoders(req, body, media, transfer_ids, target.zmq_addr, request_id, reports)) {
+        if (auto error = co_await run_encoders(req, body, media, plan.to_encode, transfer_ids, target.zmq_addr,
+                                               request_id, reports)) {
           co_return co_await reply_error(res, *error);
         }
         attempt_timings.encode = seconds_since(start);
+        learn_engine_hashes(body, media, plan.to_encode, reports);
+      }
+      if (plan.checked) {
+        reports.resize(media.size(), ItemReport{{}, json::object(), nullptr});
+        for (std::size_t i = 0; i < media.size(); ++i) {
+          if (!plan.store_hashes[i].empty()) reports[i] = store_item_report(plan.store_hashes[i]);
+        }
       }
       const auto rewrite_start = Steady::now();
       ConsumerBodyStats stats;
@@ -420,6 +472,9 @@ struct ProxyServer::Impl {
       if (!media.empty()) {
         metrics.add("ecx_proxy_items_forwarded_total", {{"form", "embeds"}}, static_cast<double>(stats.rewritten));
         metrics.add("ecx_proxy_items_forwarded_total", {{"form", "raw"}}, static_cast<double>(stats.raw));
+        if (stats.from_store > 0) {
+          metrics.add("ecx_proxy_items_forwarded_total", {{"form", "store"}}, static_cast<double>(stats.from_store));
+        }
       }
       if (prefill) {
         const auto start = Steady::now();
@@ -440,12 +495,34 @@ struct ProxyServer::Impl {
         continue;
       }
       attempt_timings.start = timings.start;
-      record_timings(request_id, attempt_timings, attempt, !media.empty(), prefill.has_value());
+      // A request that skipped the encoders has no encode stage (not a 0 s one).
+      record_timings(request_id, attempt_timings, attempt, !plan.to_encode.empty(), prefill.has_value());
       co_return answered;
     }
   }
 
-  void record_timings(const std::string& request_id, const Timings& t, int attempt, bool has_media, bool has_prefill) {
+  void count_store_plan(const StorePlan& plan, const std::string& request_id) {
+    if (!plan.checked) return;
+    metrics.add("ecx_proxy_store_checks_total", {{"result", "hit"}}, static_cast<double>(plan.hits));
+    metrics.add("ecx_proxy_store_checks_total", {{"result", "miss"}}, static_cast<double>(plan.misses));
+    metrics.add("ecx_proxy_store_checks_total", {{"result", "unknown"}}, static_cast<double>(plan.unknown));
+    if (plan.skips_encoders()) {
+      metrics.add("ecx_proxy_encode_skipped_total");
+      log->debug("request {}: all {} image(s) are in the store; no encoder called", request_id, plan.hits);
+    }
+  }
+
+  void learn_engine_hashes(const json& body, const std::vector<MediaRef>& media,
+                           const std::vector<std::size_t>& encoded, const std::vector<ItemReport>& reports) {
+    if (!store) return;
+    const auto forgotten_before = store->learned().forgotten();
+    store->learn(body, media, encoded, reports);
+    metrics.add("ecx_proxy_store_learned_forgotten_total", {},
+                static_cast<double>(store->learned().forgotten() - forgotten_before));
+    metrics.set("ecx_proxy_store_learned_hashes", {}, static_cast<double>(store->learned().size()));
+  }
+
+  void record_timings(const std::string& request_id, const Timings& t, int attempt, bool encoded, bool has_prefill) {
     const double total = seconds_since(t.start);
     log->debug(
         "request {} encode={:.3f}ms rewrite={:.3f}ms prefill={:.3f}ms decode_ttfb={:.3f}ms decode={:.3f}ms "
@@ -453,7 +530,7 @@ struct ProxyServer::Impl {
         request_id, t.encode * 1e3, t.rewrite * 1e3, t.prefill * 1e3, t.decode_ttfb * 1e3, t.decode * 1e3, total * 1e3,
         attempt + 1);
     const auto stage = [](std::string_view name) { return ecx::metrics::Labels{{"stage", std::string(name)}}; };
-    if (has_media) metrics.observe("ecx_proxy_stage_seconds", stage("encode"), t.encode);
+    if (encoded) metrics.observe("ecx_proxy_stage_seconds", stage("encode"), t.encode);
     metrics.observe("ecx_proxy_stage_seconds", stage("rewrite"), t.rewrite);
     if (has_prefill) metrics.observe("ecx_proxy_stage_seconds", stage("prefill"), t.prefill);
     metrics.observe("ecx_proxy_stage_seconds", stage("decode_ttfb"), t.decode_ttfb);
@@ -705,6 +782,7 @@ Result<std::unique_ptr<ProxyServer>> ProxyServer::create(ProxyOptions options, s
   ECX_RETURN_IF_ERROR(seed(o.encode_urls, InstanceRole::encode, false));
   ECX_RETURN_IF_ERROR(seed(o.prefill_urls, InstanceRole::prefill, prefill_consumes));
   ECX_RETURN_IF_ERROR(seed(o.decode_urls, InstanceRole::decode, !prefill_consumes));
+  if (!o.store_url.empty()) ECX_RETURN_IF_ERROR(impl->open_store());
   return std::unique_ptr<ProxyServer>(new ProxyServer(std::move(impl)));
 }
 

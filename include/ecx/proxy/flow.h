@@ -35,12 +35,16 @@ std::string random_hex(std::size_t digits);
 // Groups item indices into encoder sub-requests: images up to `max_batch` per group
 // (0 = no limit), every other modality alone; groups keep item order.
 std::vector<std::vector<std::size_t>> group_items(const std::vector<MediaRef>& media, int max_batch);
+// The same over only the items `indices` names (in their order).
+std::vector<std::vector<std::size_t>> group_items(const std::vector<MediaRef>& media,
+                                                  const std::vector<std::size_t>& indices, int max_batch);
 
-// How many media items the consumer's body carries rewritten into embeddings and how
-// many raw.
+// How many media items the consumer's body carries rewritten into embeddings, how
+// many raw, and how many raw for the consumer to load from the shared store.
 struct ConsumerBodyStats {
   std::size_t rewritten = 0;
   std::size_t raw = 0;
+  std::size_t from_store = 0;
 };
 
 }  // namespace ecx::proxy

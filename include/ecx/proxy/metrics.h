@@ -30,6 +30,8 @@ class Metrics {
   std::uint64_t observations(std::string_view name, const metrics::Labels& labels) const;
 
   std::string render() const { return registry_.prometheus_text(); }
+  // For components that export their own series (the store's presence index).
+  metrics::Registry& registry() { return registry_; }
 
  private:
   std::string help_of(std::string_view name) const;

@@ -50,6 +50,18 @@ struct ProxyOptions {
   int fail_threshold = 3;
   Duration evicted_ttl = std::chrono::minutes(15);  // 0 keeps probing evicted instances forever
   Duration shutdown_grace = std::chrono::seconds(30);
+
+  // Cross-encoder cache: images already in the encoders' shared store skip the encoder
+  // hop (the consumer loads them from the store). Empty store_url turns it off. The
+  // key space must be the encoders' and consumers' own (their store_prefix and
+  // store_model), else nothing is ever found.
+  std::string store_url;  // redis://[:password@]host[:port][/db] or mooncake://...
+  std::string store_prefix = "ecx";
+  std::string store_model;                     // required with store_url
+  Duration store_ttl = std::chrono::hours(1);  // the encoders' store_ttl_s: known entries are forgotten after it
+  Duration store_io_timeout = std::chrono::milliseconds(500);  // one store round trip (off the request path)
+  std::size_t store_presence_max = 1'000'000;                  // mm_hashes the presence index remembers
+  std::size_t store_learned_max = 100'000;                     // engine hashes learned from encoder answers
 };
 
 // Checks ranges, URL forms and the consumer address count.

@@ -218,7 +218,7 @@ export async function startProxy(args, env = {}) {
         resolve(Number(m[1]));
       }
     });
-    child.on('exit', (code) => {
+    child.on('close', (code) => {  // after its output is read whole
       clearTimeout(timer);
       reject(new Error(`ecx proxy exited with ${code}: ${stderr}`));
     });

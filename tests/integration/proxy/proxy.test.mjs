@@ -1,39 +1,14 @@
 // Integration tests of `ecx proxy`: the real binary between the official `openai`
 // client and fake engines (fake_engines.mjs), all on 127.0.0.1.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import OpenAI from 'openai';
-import { startFakeEngine, startProxy, closedPort, eventually, sha256, engineHash } from './fake_engines.mjs';
+import { closedPort, eventually, sha256, engineHash } from './fake_engines.mjs';
+import { useFixtures, client, image, rawRequest } from './harness.mjs';
 
 const HEX32 = /^[0-9a-f]{32}$/;
-const cleanups = [];
-after(async () => {
-  for (const fn of cleanups.reverse()) await fn();
-});
+const { engines, proxy } = useFixtures();
 
-async function engines(...roles) {
-  const list = [];
-  for (const role of roles) {
-    const e = await startFakeEngine(role, `${role}${list.filter((x) => x.role === role).length}`);
-    cleanups.push(() => e.close());
-    list.push(e);
-  }
-  return list;
-}
-
-async function proxy(args, env) {
-  const p = await startProxy(args, env);
-  cleanups.push(() => p.stop());
-  return p;
-}
-
-function client(p) {
-  // maxRetries 0: the proxy's own retry is under test, not the client's.
-  return new OpenAI({ baseURL: `${p.url}/v1`, apiKey: 'test-key', maxRetries: 0, timeout: 20_000 });
-}
-
-const image = (url) => ({ type: 'image_url', image_url: { url } });
 const IMG_A = 'https://example.invalid/a.png';
 const IMG_B = 'https://example.invalid/b.png';
 
@@ -51,21 +26,6 @@ function chatWithImages(extra = {}) {
 
 function encoderCalls(encoders) {
   return encoders.flatMap((e) => e.chats().map((r) => ({ ...r, engine: e.name })));
-}
-
-async function rawRequest(url, { method = 'GET', headers = {}, body } = {}) {
-  let res;
-  try {
-    res = await fetch(url, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  } catch (err) {
-    throw new Error(`${method} ${url}: ${err.cause?.message ?? err.message}`);
-  }
-  const text = await res.text();
-  let json = null;
-  try {
-    json = JSON.parse(text);
-  } catch {}
-  return { status: res.status, text, json, headers: res.headers };
 }
 
 test('E+PD, non-streaming: every image occurrence is encoded and bound with the same transfer id on both hops', async () => {

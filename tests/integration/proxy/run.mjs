@@ -1,4 +1,4 @@
-// Runs the suite with node's test runner after checking that the npm client is
+// Runs a suite with node's test runner after checking that the npm client is
 // installed (scripts/bootstrap does it), so a missing install fails with its fix.
 import { existsSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
@@ -10,6 +10,8 @@ if (!existsSync(join(here, 'node_modules', 'openai', 'package.json'))) {
   console.error(`the openai npm package is not installed in ${here}; run scripts/bootstrap (it runs npm ci there)`);
   process.exit(1);
 }
+// The suites named on the command line (default: proxy.test.mjs).
+const suites = process.argv.length > 2 ? process.argv.slice(2) : ['proxy.test.mjs'];
 const result = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-reporter=spec',
-                                            join(here, 'proxy.test.mjs')], { stdio: 'inherit', cwd: here });
+                                            ...suites.map((s) => join(here, s))], { stdio: 'inherit', cwd: here });
 process.exit(result.status ?? 1);
