@@ -1,6 +1,7 @@
 #include "ecx/store/store_config.h"
 
 #include <charconv>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -11,9 +12,20 @@ namespace {
 
 constexpr std::string_view kUrlKey = "ec_connector_extra_config.store_url";
 
+// The URL as an error may quote it: a password (before the last '@') is never printed.
+std::string redacted(std::string_view url) {
+  const auto scheme = url.find("://");
+  const auto at = url.rfind('@');
+  std::string out(url.substr(0, 128));
+  if (scheme != std::string_view::npos && at != std::string_view::npos && at > scheme) {
+    out = fmt::format("{}://***{}", url.substr(0, scheme), url.substr(at, 128));
+  }
+  return out;
+}
+
 Status bad_url(std::string_view url, std::string_view why) {
   return invalid_argument(
-      fmt::format("{}: '{}' {}; expected redis://[:password@]host[:port][/db]", kUrlKey, url.substr(0, 128), why));
+      fmt::format("{}: '{}' {}; expected redis://[:password@]host[:port][/db]", kUrlKey, redacted(url), why));
 }
 
 constexpr std::string_view kMooncakeScheme = "mooncake://";
@@ -22,7 +34,7 @@ Status bad_mooncake_url(std::string_view url, std::string_view why) {
   return invalid_argument(fmt::format(
       "{}: '{}' {}; expected mooncake://<master host:port>?metadata=<url>[&local_hostname=<host>][&protocol=<p>]"
       "[&device=<names>]",
-      kUrlKey, url.substr(0, 128), why));
+      kUrlKey, redacted(url), why));
 }
 
 Status key_space_from(const Config& config, KeySpace& keys) {

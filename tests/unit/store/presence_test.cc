@@ -199,6 +199,10 @@ TEST(StoreConfig, TheUrlIsReadAndBadOnesAreNamed) {
     ASSERT_FALSE(r) << bad;
     EXPECT_NE(r.status().message().find("store_url"), std::string::npos) << r.status().message();
   }
+  c.store_url = "redis://:s3cret@h:99999";
+  auto leaked = redis_options(c);
+  ASSERT_FALSE(leaked);
+  EXPECT_EQ(leaked.status().message().find("s3cret"), std::string::npos) << "a password is never printed";
   c.store_url = "redis://h";
   c.store_model = "has space";
   EXPECT_NE(redis_options(c).status().message().find("store_model"), std::string::npos);
