@@ -504,6 +504,16 @@ std::string tcp_address(std::string_view host, int port) {
   return v6 ? fmt::format("tcp://[{}]:{}", host, port) : fmt::format("tcp://{}:{}", host, port);
 }
 
+std::string redact_url_password(std::string_view url) {
+  constexpr std::size_t kShown = 128;
+  const auto scheme = url.find("://");
+  const auto at = url.rfind('@');
+  if (scheme == std::string_view::npos || at == std::string_view::npos || at < scheme) {
+    return std::string(url.substr(0, kShown));
+  }
+  return fmt::format("{}://***{}", url.substr(0, scheme), url.substr(at, kShown));
+}
+
 std::string Config::control_address(int tp_rank) const { return tcp_address(ec_ip, control_port() + tp_rank); }
 
 std::span<const ConfigKeyInfo> config_keys() {
@@ -635,10 +645,8 @@ std::string describe_config(const Config& c) {
                    c.push_wait_timeout_s, c.reservation_ttl_s, c.shutdown_drain_timeout_s));
   line("checksum", c.checksum ? "on (xxHash64)" : "off");
   if (c.cross_encoder_cache) {
-    const auto at = c.store_url.rfind('@');  // never print a password
-    line("store", fmt::format("{} as {}:{}, ttl {} s",
-                              at == std::string::npos ? c.store_url : "redis://***" + c.store_url.substr(at),
-                              c.store_prefix, c.store_model, c.store_ttl_s));
+    line("store", fmt::format("{} as {}:{}, ttl {} s", redact_url_password(c.store_url), c.store_prefix, c.store_model,
+                              c.store_ttl_s));
   }
   line("auth", c.auth_secret.empty() ? "off" : "shared secret");
   line("metrics",

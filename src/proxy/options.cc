@@ -35,11 +35,7 @@ Status validate_store(const ProxyOptions& options) {
   }
   if (options.store_learned_max < 1) return invalid_argument("--store-learned-max must be at least 1");
   // Parses the URL and the key space as the encoders do, without connecting.
-  const Config config = store_config(options);
-  if (std::string_view(options.store_url).starts_with("mooncake://")) {
-    return with_store_flag_names(store::mooncake_options(config).status());
-  }
-  return with_store_flag_names(store::redis_options(config).status());
+  return with_store_flag_names(store::check_store_url(store_config(options)));
 }
 
 }  // namespace

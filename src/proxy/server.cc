@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/logging.h"
+#include "ecx/core/config.h"
 #include "ecx/proxy/metrics.h"
 #include "ecx/proxy/proxy.h"
 #include "ecx/proxy/roster.h"
@@ -152,10 +153,8 @@ struct ProxyServer::Impl {
     metrics.add("ecx_proxy_items_forwarded_total", {{"form", "store"}}, 0);
     metrics.add("ecx_proxy_store_learned_forgotten_total", {}, 0);
     metrics.set("ecx_proxy_store_learned_hashes", {}, 0);
-    const auto at = options.store_url.rfind('@');  // never print a password
     log->info("cross-encoder cache: images in {} (prefix '{}', model '{}') skip the encoders",
-              at == std::string::npos ? options.store_url : "redis://***" + options.store_url.substr(at),
-              options.store_prefix, options.store_model);
+              redact_url_password(options.store_url), options.store_prefix, options.store_model);
     return Status::ok();
   }
 

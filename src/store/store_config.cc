@@ -12,20 +12,9 @@ namespace {
 
 constexpr std::string_view kUrlKey = "ec_connector_extra_config.store_url";
 
-// The URL as an error may quote it: a password (before the last '@') is never printed.
-std::string redacted(std::string_view url) {
-  const auto scheme = url.find("://");
-  const auto at = url.rfind('@');
-  std::string out(url.substr(0, 128));
-  if (scheme != std::string_view::npos && at != std::string_view::npos && at > scheme) {
-    out = fmt::format("{}://***{}", url.substr(0, scheme), url.substr(at, 128));
-  }
-  return out;
-}
-
 Status bad_url(std::string_view url, std::string_view why) {
-  return invalid_argument(
-      fmt::format("{}: '{}' {}; expected redis://[:password@]host[:port][/db]", kUrlKey, redacted(url), why));
+  return invalid_argument(fmt::format("{}: '{}' {}; expected redis://[:password@]host[:port][/db]", kUrlKey,
+                                      redact_url_password(url), why));
 }
 
 constexpr std::string_view kMooncakeScheme = "mooncake://";
@@ -34,7 +23,7 @@ Status bad_mooncake_url(std::string_view url, std::string_view why) {
   return invalid_argument(fmt::format(
       "{}: '{}' {}; expected mooncake://<master host:port>?metadata=<url>[&local_hostname=<host>][&protocol=<p>]"
       "[&device=<names>]",
-      kUrlKey, redacted(url), why));
+      kUrlKey, redact_url_password(url), why));
 }
 
 Status key_space_from(const Config& config, KeySpace& keys) {
@@ -164,6 +153,10 @@ Result<MooncakeStoreOptions> mooncake_options(const Config& config, std::shared_
   o.max_entry_bytes = config.effective_max_tensor_bytes();
   o.clock = std::move(clock);
   return o;  // the library: $ECX_MOONCAKE_STORE_LIB, else the loader's search path
+}
+
+Status check_store_url(const Config& config) {
+  return is_mooncake_url(config) ? mooncake_options(config).status() : redis_options(config).status();
 }
 
 Result<std::unique_ptr<EmbeddingStore>> open_store(const Config& config, std::shared_ptr<const Clock> clock) {

@@ -114,6 +114,9 @@ std::string describe_config(const Config& config);
 std::string format_bytes(std::uint64_t bytes);
 // tcp://host:port with IPv6 brackets.
 std::string tcp_address(std::string_view host, int port);
+// A URL fit for logs and errors: credentials (before the last '@' after the scheme)
+// become "***", "redis://:pw@h:1/0" -> "redis://***@h:1/0"; at most 128 characters.
+std::string redact_url_password(std::string_view url);
 
 struct ConfigKeyInfo {
   std::string_view section;  // "" for top-level, "ec_connector_extra_config" for extra keys

@@ -18,6 +18,9 @@ Result<RedisOptions> redis_options(const Config& config, std::shared_ptr<const C
 // mooncake://<master host:port>?metadata=<url>[&local_hostname=..][&protocol=..][&device=..];
 // the library comes from $ECX_MOONCAKE_STORE_LIB (else the loader's search path).
 Result<MooncakeStoreOptions> mooncake_options(const Config& config, std::shared_ptr<const Clock> clock = nullptr);
+// Parses store_url (either backend) and the key space without connecting: what
+// open_store would refuse, with the same messages.
+Status check_store_url(const Config& config);
 // One store object (one connection) for config's store.
 Result<std::unique_ptr<EmbeddingStore>> open_store(const Config& config, std::shared_ptr<const Clock> clock = nullptr);
 // The scheduler's presence index: its own lookup connection and the store's change feed.

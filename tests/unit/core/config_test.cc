@@ -212,5 +212,13 @@ TEST(ConfigDoc, DocumentsEveryKeyExactly) {
   }
 }
 
+TEST(Config, UrlsArePrintedWithoutTheirPassword) {
+  EXPECT_EQ(redact_url_password("redis://:s3cret@10.0.0.5:6379/0"), "redis://***@10.0.0.5:6379/0");
+  EXPECT_EQ(redact_url_password("redis://user:s3cret@h"), "redis://***@h");
+  EXPECT_EQ(redact_url_password("redis://h:6379/0"), "redis://h:6379/0");
+  EXPECT_EQ(redact_url_password("mooncake://m:50051?metadata=http://x"), "mooncake://m:50051?metadata=http://x");
+  EXPECT_EQ(redact_url_password(std::string(300, 'a')).size(), 128u);
+}
+
 }  // namespace
 }  // namespace ecx
