@@ -66,7 +66,8 @@ struct DemoOptions {
   bool quiet = false;
   int encoders = 1;  // producer processes, each serving its share of the requests
   bool cross_encoder_cache = false;
-  bool skip_encoder_hop = false;  // requests whose images are all stored go straight to the consumer
+  bool skip_encoder_hop = false;    // requests whose images are all stored go straight to the consumer
+  double store_io_timeout_s = 0.5;  // store_io_timeout_s of every role
   // internal (child roles)
   std::string admit;
   std::string consumer;
@@ -92,6 +93,7 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
     extra["store_url"] = o.store_url.empty() ? std::string("redis://127.0.0.1:6379/0") : o.store_url;
     extra["store_prefix"] = "ecxdemo";
     extra["store_model"] = "ecx-demo-model@1";
+    extra["store_io_timeout_s"] = o.store_io_timeout_s;
   }
   json doc{{"ec_role", role_name(role)},    {"ec_ip", "127.0.0.1"},      {"ec_port", o.port},
            {"ec_buffer_size", o.pool_size}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
@@ -464,8 +466,8 @@ int run_demo(const DemoOptions& options) {
   auto consumer_argv = common("consumer");
   if (o.skip_encoder_hop) {
     // The consumer loads what the store holds: it needs the cache and the store too.
-    consumer_argv.insert(consumer_argv.end(),
-                         {"--cross-encoder-cache", "--store-url", store_url, "--skip-encoder-hop"});
+    consumer_argv.insert(consumer_argv.end(), {"--cross-encoder-cache", "--store-url", store_url, "--skip-encoder-hop",
+                                               "--store-io-timeout", fmt::format("{}", o.store_io_timeout_s)});
   }
   auto consumer = sim::ChildProcess::spawn(consumer_argv, env);
   if (!consumer) {
@@ -489,7 +491,10 @@ int run_demo(const DemoOptions& options) {
     auto argv = common("producer");
     argv.insert(argv.end(), {"--admit", ready->at("admit").get<std::string>(), "--consumer",
                              ready->at("control").get<std::string>(), "--encoder-index", std::to_string(e)});
-    if (o.cross_encoder_cache) argv.insert(argv.end(), {"--cross-encoder-cache", "--store-url", store_url});
+    if (o.cross_encoder_cache) {
+      argv.insert(argv.end(), {"--cross-encoder-cache", "--store-url", store_url, "--store-io-timeout",
+                               fmt::format("{}", o.store_io_timeout_s)});
+    }
     if (o.skip_encoder_hop) argv.emplace_back("--skip-encoder-hop");
     auto producer = sim::ChildProcess::spawn(argv, env);
     if (!producer) {
@@ -771,6 +776,10 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_flag("--skip-encoder-hop", o->skip_encoder_hop,
                  "with --cross-encoder-cache: send a request whose images are all in the store straight to the "
                  "consumer, which loads them from it (what ecx proxy --store-url does)");
+  demo->add_option("--store-io-timeout", o->store_io_timeout_s,
+                   "with --cross-encoder-cache: seconds one store round trip may take (store_io_timeout_s)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 600.0));
   demo->add_option("--store-url", o->store_url,
                    "with --cross-encoder-cache: use this Redis (redis://host:port/db) instead of starting one");
   add_data_link_option(demo, o->transport, "data plane: UCX over tcp or shm, or mooncake (its tcp)");

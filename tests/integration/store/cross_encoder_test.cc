@@ -177,7 +177,10 @@ TEST_F(CrossEncoder, RequestsWhoseImagesAreAllStoredSkipTheEncoderAndTheConsumer
   const DemoRun plain = demo("skip-plain", {});
   const DemoRun fill = demo("skip-fill", {"--cross-encoder-cache", "--store-url", redis->url()});
   ASSERT_EQ(fill.exit_code, 0) << fill.summary.dump();
-  const DemoRun skip = demo("skip", {"--cross-encoder-cache", "--store-url", redis->url(), "--skip-encoder-hop"});
+  // Store round trips get 10 s: on a loaded machine a 0.5 s one can time out, and the
+  // consumer would rightly encode the image instead of loading it.
+  const DemoRun skip = demo(
+      "skip", {"--cross-encoder-cache", "--store-url", redis->url(), "--skip-encoder-hop", "--store-io-timeout", "10"});
   ASSERT_EQ(skip.exit_code, 0) << skip.summary.dump();
   EXPECT_TRUE(skip.summary.value("passed", false)) << skip.summary.dump();
   EXPECT_EQ(n(skip, "content_mismatches"), 0u) << "the store's bytes are the encoder's";
