@@ -679,7 +679,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     for (const auto& r : workload) {
       for (const auto& item : r.items) (void)proxy_index->present(item.mm_hash);
     }
-    (void)proxy_index->wait_confirmed(std::chrono::seconds(5));
+    (void)proxy_index->wait_confirmed(std::chrono::seconds(30));
   }
 
   zmq::context_t context{1};
