@@ -179,6 +179,7 @@ int run_consumer(const DemoOptions& o) {
   out["store_loads"] = r.store_loads;
   out["local_encodes"] = r.local_encodes;
   out["store_prefetch_failures"] = r.store_prefetch_failures;
+  out["store_prefetch_timeouts"] = r.store_prefetch_timeouts;
   out["producer_done"] = r.producer_done;
   out["wall_s"] = r.wall_s;
   std::cout << out.dump() << std::endl;
@@ -222,6 +223,7 @@ int run_producer(const DemoOptions& o) {
                    {"store_prefetched", r->store.prefetched},
                    {"store_prefetch_failures", r->store.prefetch_failures},
                    {"store_prefetch_dropped", r->store.prefetch_dropped},
+                   {"store_prefetch_timeouts", r->store_prefetch_timeouts},
                    {"store_loads", r->store.loads},
                    {"store_load_failures", r->store.load_failures},
                    {"store_bytes_loaded", r->store.bytes_loaded},
@@ -634,9 +636,10 @@ int run_demo(const DemoOptions& options) {
     summary["cross_encoder_lookups"] = lookups;
     summary["cross_encoder_hits"] = hits;
     summary["cross_encoder_hit_rate"] = lookups > 0 ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0;
-    for (const char* key : {"store_prefetched", "store_prefetch_failures", "store_prefetch_dropped", "store_loads",
-                            "store_load_failures", "store_bytes_loaded", "store_published", "store_bytes_published",
-                            "store_publish_dropped", "store_publish_failed", "store_errors", "store_rejected"}) {
+    for (const char* key :
+         {"store_prefetched", "store_prefetch_failures", "store_prefetch_dropped", "store_prefetch_timeouts",
+          "store_loads", "store_load_failures", "store_bytes_loaded", "store_published", "store_bytes_published",
+          "store_publish_dropped", "store_publish_failed", "store_errors", "store_rejected"}) {
       summary[key] = producer_result->value(key, 0ULL);
     }
   }
@@ -645,6 +648,7 @@ int run_demo(const DemoOptions& options) {
     summary["consumer_store_loads"] = r.value("store_loads", 0ULL);
     summary["consumer_local_encodes"] = r.value("local_encodes", 0ULL);
     summary["consumer_store_prefetch_failures"] = r.value("store_prefetch_failures", 0ULL);
+    summary["consumer_store_prefetch_timeouts"] = r.value("store_prefetch_timeouts", 0ULL);
   }
   const bool soak_run = o.duration_s > 0;
   json soak = evaluate_soak(samples, o);

@@ -93,6 +93,17 @@ void PresenceIndex::clear_locked() {
   order_.clear();
 }
 
+void PresenceIndex::reconfirm_locked() {
+  // Newest first: order_ holds stale places of refreshed entries, skipped by sequence.
+  for (auto it = order_.rbegin(); it != order_.rend() && queue_.size() < options_.max_queued; ++it) {
+    auto known = known_.find(it->first);
+    if (known == known_.end() || known->second.sequence != it->second) continue;
+    if (queued_.insert(it->first).second) queue_.push_back(it->first);
+  }
+  known_.clear();
+  order_.clear();
+}
+
 PresenceCounters PresenceIndex::counters() const {
   std::lock_guard lock(mutex_);
   PresenceCounters c = counters_;
@@ -103,7 +114,8 @@ PresenceCounters PresenceIndex::counters() const {
 
 bool PresenceIndex::wait_confirmed(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(mutex_);
-  return changed_.wait_for(lock, timeout, [&] { return queue_.empty() && !confirming_; });
+  return changed_.wait_for(lock, timeout,
+                           [&] { return queue_.empty() && !confirming_ && (!feed_ || feed_subscribed_); });
 }
 
 void PresenceIndex::run_confirmations() noexcept {
@@ -166,6 +178,7 @@ void PresenceIndex::run_feed() noexcept {
     std::unique_lock lock(mutex_);
     if (!event) {
       ++counters_.feed_errors;
+      feed_subscribed_ = false;
       clear_locked();  // changes are being missed
       changed_.wait_for(lock, options_.feed_retry, [&] { return stopping_; });
       continue;
@@ -181,8 +194,11 @@ void PresenceIndex::run_feed() noexcept {
         known_.erase(e.mm_hash);
         break;
       case PresenceEvent::Kind::resync:
+        // Changes before the subscription may have been missed: what was known is asked again.
         ++counters_.feed_resyncs;
-        clear_locked();
+        reconfirm_locked();
+        feed_subscribed_ = true;
+        changed_.notify_all();
         log->debug("presence feed {} (re)connected", feed_->describe());
         break;
     }

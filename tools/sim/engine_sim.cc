@@ -630,6 +630,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   const auto stats = s.scheduler->stats();
   s.result.store_loads = stats.store_loads;
   s.result.store_prefetch_failures = stats.store_prefetch_failures + stats.store_prefetch_timeouts;
+  s.result.store_prefetch_timeouts = stats.store_prefetch_timeouts;
   for (const auto& w : s.workers) {
     if (auto* shard = w->shard()) {
       const auto c = shard->counters().reservations;
@@ -884,6 +885,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   const auto stats = scheduler.stats();
   result.store_lookups = stats.store_lookups;
   result.store_hits = stats.store_hits;
+  result.store_prefetch_timeouts = stats.store_prefetch_timeouts;
   result.store = worker.store_counters();
   return result;
 }

@@ -62,7 +62,8 @@ struct ConsumerResult {
   // or encoded here when it could not give them.
   std::uint64_t store_loads = 0;
   std::uint64_t local_encodes = 0;
-  std::uint64_t store_prefetch_failures = 0;
+  std::uint64_t store_prefetch_failures = 0;  // includes the timeouts below
+  std::uint64_t store_prefetch_timeouts = 0;  // prefetches the workers never answered in time
   // CPU time of the simulator's own work on the engine threads (encoder-cache allocation, content
   // checks), all ranks: what the bench costs itself, next to what it measures.
   std::uint64_t sim_engine_ns = 0;
@@ -115,8 +116,9 @@ struct ProducerResult {
   // Requests sent straight to the consumer, every image in the store (skip_encoder_hop).
   std::uint64_t encoder_hops_skipped = 0;
   // Cross-encoder cache.
-  std::uint64_t store_lookups = 0;  // has_cache_item asked the store's presence index
-  std::uint64_t store_hits = 0;     // answered present: loaded from the store, not encoded
+  std::uint64_t store_lookups = 0;            // has_cache_item asked the store's presence index
+  std::uint64_t store_hits = 0;               // answered present: loaded from the store, not encoded
+  std::uint64_t store_prefetch_timeouts = 0;  // prefetches the worker never answered in time (encoded)
   worker::StoreWorkerCounters store;
   double wall_s = 0;
 };

@@ -9,7 +9,9 @@
 // Bounded: at most max_entries remembered (the oldest forgotten first), at most
 // max_queued confirmations waiting (the rest dropped, counted). A feed or store
 // failure forgets every entry (events may have been missed): until the store is
-// back, every item is encoded.
+// back, every item is encoded. When the feed (re)subscribes, what the index knew is
+// looked up again (as many as the confirmation queue holds) rather than forgotten: the
+// first subscription usually completes after the first confirmations.
 
 #include <chrono>
 #include <condition_variable>
@@ -106,7 +108,8 @@ class PresenceIndex {
   void forget(std::string_view mm_hash);
 
   PresenceCounters counters() const;
-  // Tests: until no confirmation is queued or running, or `timeout` (real time).
+  // Tests and warm-ups: until the feed (if any) is subscribed and no confirmation is
+  // queued or running, or `timeout` (real time).
   bool wait_confirmed(std::chrono::milliseconds timeout) const;
   std::uint64_t export_metrics(metrics::Registry& registry) const;
 
@@ -117,6 +120,8 @@ class PresenceIndex {
   };
   void insert_locked(const std::string& mm_hash, TimePoint now);
   void clear_locked();
+  // Forgets every entry and queues the most recent (bounded) for a confirmation.
+  void reconfirm_locked();
   void run_confirmations() noexcept;
   void run_feed() noexcept;
 
@@ -134,6 +139,7 @@ class PresenceIndex {
   std::deque<std::string> queue_;
   std::unordered_set<std::string> queued_;  // in queue_ or being looked up
   bool confirming_ = false;
+  bool feed_subscribed_ = false;  // a resync came, and no feed error since
   bool stopping_ = false;
   PresenceCounters counters_;
 

@@ -26,10 +26,7 @@ StorePrefetcher::~StorePrefetcher() {
 void StorePrefetcher::request(const scheduler::StoreLoad& item) {
   {
     std::lock_guard lock(mutex_);
-    if (held_.contains(item.mm_hash)) {
-      report_.ready.push_back(item.mm_hash);  // asked again: still held
-      return;
-    }
+    if (held_.contains(item.mm_hash)) return;  // asked again: still held, reported by every drain
     if (stopping_ || queue_.size() >= kMaxQueued) {
       ++counters_.failed;
       report_.failed.push_back(item.mm_hash);
@@ -66,7 +63,6 @@ StorePrefetcher::Report StorePrefetcher::drain() {
   Report out = std::exchange(report_, {});
   // Every copy held, each time: TP ranks finish their reads in different steps, and the
   // scheduler sees a copy as ready only in a step whose reports all name it.
-  out.ready.clear();
   out.ready.reserve(held_.size());
   for (const auto& [h, copy] : held_) out.ready.push_back(h);
   return out;
@@ -121,7 +117,6 @@ void StorePrefetcher::run() noexcept {
       continue;
     }
     ++counters_.prefetched;
-    report_.ready.push_back(item.mm_hash);
     if (auto old = held_.find(item.mm_hash); old != held_.end()) {  // asked twice while queued
       reserved_bytes_ -= old->second.bytes.size();
       held_.erase(old);

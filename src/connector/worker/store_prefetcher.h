@@ -32,7 +32,7 @@ class StorePrefetcher {
     TimePoint ready_at;
   };
   struct Report {
-    std::vector<std::string> ready;
+    std::vector<std::string> ready;  // every copy held at the drain (a level, not news)
     std::vector<std::string> failed;
     std::vector<std::string> dropped;
   };

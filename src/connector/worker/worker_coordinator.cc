@@ -221,7 +221,6 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
 void WorkerCoordinator::load_from_store(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
                                         LoadReport& report) {
   auto log = ecx::log::get("worker");
-  for (const auto& item : meta.store_prefetches) store_->prefetcher->request(item);
   for (const auto& item : meta.store_loads) {
     const scheduler::LoadSpec load{item.mm_hash, std::string(), item.spec, false};
     Status loaded = Status::ok();
@@ -265,6 +264,11 @@ void WorkerCoordinator::load_from_store(const scheduler::ConnectorMeta& meta, co
     step_.loaded.insert(item.mm_hash);
     report.loaded.push_back(item.mm_hash);
   }
+  // After the loads: the scheduler asks again for an item whose copy one of this step's
+  // loads takes (another request wants it too). Asked first, the prefetcher would find the
+  // copy still held, answer it ready, and then lose it to the load: that request would
+  // wait its whole store_prefetch_timeout for an answer that never comes.
+  for (const auto& item : meta.store_prefetches) store_->prefetcher->request(item);
 }
 
 void WorkerCoordinator::start_save_caches(const scheduler::ConnectorMeta& meta) {

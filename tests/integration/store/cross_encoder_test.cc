@@ -82,6 +82,7 @@ TEST_F(CrossEncoder, TwoEncodersEncodeFewerImagesWithTheStoreThanWithout) {
   EXPECT_GT(n(shared, "cross_encoder_hits"), 0u);
   EXPECT_EQ(n(shared, "store_loads"), n(shared, "cross_encoder_hits")) << "every hit loaded";
   EXPECT_EQ(n(shared, "store_load_failures"), 0u);
+  EXPECT_EQ(n(shared, "store_prefetch_timeouts"), 0u) << "every prefetch answered";
   EXPECT_GT(n(shared, "store_published"), 0u);
 }
 
@@ -187,6 +188,9 @@ TEST_F(CrossEncoder, RequestsWhoseImagesAreAllStoredSkipTheEncoderAndTheConsumer
   EXPECT_GT(n(skip, "encoder_hops_skipped"), 0u) << skip.summary.dump();
   EXPECT_GT(n(skip, "consumer_store_loads"), 0u) << skip.summary.dump();
   EXPECT_EQ(n(skip, "consumer_local_encodes"), 0u) << "every entry was good";
+  // With 10 s round trips a prefetch may wait 41 s: one that does was never answered.
+  EXPECT_EQ(n(skip, "store_prefetch_timeouts") + n(skip, "consumer_store_prefetch_timeouts"), 0u)
+      << skip.summary.dump();
   EXPECT_LT(n(skip, "encoder_runs"), n(plain, "encoder_runs"));
   EXPECT_EQ(n(skip, "images_requested"), n(plain, "images_requested")) << "the same workload";
 }

@@ -5,6 +5,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -153,6 +155,45 @@ TEST_F(Presence, IsBoundedForgetsOnAFailedLoadAndExpiresWithTheStore) {
   const auto dropped = c.confirmations_dropped - before.confirmations_dropped;
   EXPECT_EQ(looked_up + dropped, 6u) << "each was looked up or dropped, counted";
   EXPECT_GE(dropped, 1u) << "six asks do not fit a queue of two";
+}
+
+// The real Redis feed, held back from subscribing until the test opens it (a test
+// double of a slow first subscription, which the real feed cannot be made to have).
+class HeldBackFeed final : public PresenceFeed {
+ public:
+  explicit HeldBackFeed(std::unique_ptr<PresenceFeed> real, std::shared_ptr<std::atomic<bool>> open)
+      : real_(std::move(real)), open_(std::move(open)) {}
+  Result<std::optional<PresenceEvent>> next(std::chrono::milliseconds wait) override {
+    if (!open_->load()) {
+      std::this_thread::sleep_for(std::min(wait, std::chrono::milliseconds(5)));
+      return std::optional<PresenceEvent>();
+    }
+    return real_->next(wait);
+  }
+  std::string describe() const override { return real_->describe(); }
+
+ private:
+  std::unique_ptr<PresenceFeed> real_;
+  std::shared_ptr<std::atomic<bool>> open_;
+};
+
+TEST_F(Presence, WhatWasConfirmedBeforeTheFeedSubscribedIsStillKnownAfter) {
+  start();
+  auto other = writer();
+  ASSERT_TRUE(put(*other, "img-early"));
+  auto o = options_for(server_->port());
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  PresenceIndex idx(open_redis_store(o).value(), std::make_unique<HeldBackFeed>(open_redis_feed(o).value(), open),
+                    PresenceOptions{});
+  EXPECT_FALSE(idx.present("img-early")) << "unknown: asked, answered absent meanwhile";
+  ASSERT_TRUE(eventually([&] { return idx.present("img-early"); })) << "confirmed by a lookup";
+  EXPECT_FALSE(idx.wait_confirmed(0ms)) << "not current before the feed is subscribed";
+  const auto lookups = idx.counters().confirmations;
+  open->store(true);
+  ASSERT_TRUE(idx.wait_confirmed(10s));
+  EXPECT_EQ(idx.counters().feed_resyncs, 1u);
+  EXPECT_TRUE(idx.present("img-early")) << "a subscription that came late did not forget it";
+  EXPECT_GT(idx.counters().confirmations, lookups) << "looked up again: it may have gone before the subscription";
 }
 
 TEST_F(Presence, AStoreThatDiesEmptiesTheIndexAndItRefillsWhenItIsBack) {

@@ -13,7 +13,10 @@
 
 #include "ecx/connector/worker/worker_coordinator.h"
 #include "ecx/core/config.h"
+#include "ecx/store/embedding_store.h"
+#include "ecx/store/store_config.h"
 #include "sim/process.h"
+#include "sim/redis_server.h"
 
 namespace ecx::worker {
 namespace {
@@ -21,11 +24,11 @@ namespace {
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 
-Config config_for(const std::string& role, int port) {
-  const json doc{
-      {"ec_role", role},           {"ec_ip", "127.0.0.1"},
-      {"ec_port", port},           {"ec_buffer_size", "16MiB"},
-      {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", {{"control_timeout_s", 5}, {"checksum", true}}}};
+Config config_for(const std::string& role, int port, const json& extra = json::object()) {
+  json extra_config{{"control_timeout_s", 5}, {"checksum", true}};
+  extra_config.update(extra);
+  const json doc{{"ec_role", role},           {"ec_ip", "127.0.0.1"},      {"ec_port", port},
+                 {"ec_buffer_size", "16MiB"}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra_config}};
   auto config = parse_config(doc.dump(), ParallelLayout{});
   EXPECT_TRUE(config) << config.status().to_string();
   return *config;
@@ -120,6 +123,50 @@ TEST_F(WorkerCoordinatorTest, ShutdownIsIdempotentAndBounded) {
   consumer_->shutdown();
   consumer_->shutdown();
   EXPECT_LT(std::chrono::steady_clock::now() - started, 4s);  // two budgets of 1.5 s at most
+}
+
+// The cross-encoder cache's prefetches and loads in one step: an engine that loads an
+// item's prefetched copy while the scheduler asks for it again (a second request wants
+// it) gets a second copy, read again from the store, not an answer that never comes.
+TEST(WorkerCoordinatorStore, AnItemAskedAgainInTheStepItsCopyIsLoadedIsReadAgain) {
+  auto redis = sim::RedisServer::start();
+  if (!redis && redis.status().message().find("missing") != std::string::npos) GTEST_SKIP() << redis.status().message();
+  ASSERT_TRUE(redis) << redis.status().to_string();
+  const int port = sim::free_port_block(1);
+  ASSERT_NE(port, 0);
+  const Config config = config_for(
+      "ec_producer", port, {{"cross_encoder_cache", true}, {"store_url", redis->url()}, {"store_model", "m@1"}});
+  const auto spec = TensorSpec::make({64, 32}, DType::bfloat16, ~0ULL).value();
+  const std::vector<std::byte> entry(spec.nbytes(), std::byte{0x6b});
+  ASSERT_TRUE(store::open_store(config).value()->put("img", spec, entry));
+  auto worker = WorkerCoordinator::start(config);
+  ASSERT_TRUE(worker) << worker.status().to_string();
+
+  std::vector<std::byte> landed(spec.nbytes());
+  const auto allocate = [&](const scheduler::LoadSpec&) -> Result<LoadDestination> {
+    return LoadDestination{landed.data(), false, 0};
+  };
+  // Steps (polling the prefetcher thread's progress, bounded) until `img` is held.
+  const auto step_until_held = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto step = (*worker)->build_worker_meta(); step && step->store_ready.contains("img")) return true;
+      std::this_thread::sleep_for(2ms);
+    }
+    return false;
+  };
+  scheduler::ConnectorMeta first;
+  first.store_prefetches = {scheduler::StoreLoad{"img", spec}};
+  (void)(*worker)->start_load_caches(first, allocate);
+  ASSERT_TRUE(step_until_held());
+
+  scheduler::ConnectorMeta second;
+  second.store_loads = {scheduler::StoreLoad{"img", spec}};
+  second.store_prefetches = {scheduler::StoreLoad{"img", spec}};
+  const auto report = (*worker)->start_load_caches(second, allocate);
+  EXPECT_EQ(report.loaded, std::vector<std::string>{"img"});
+  EXPECT_EQ(landed, entry);
+  EXPECT_TRUE(step_until_held()) << "the second request's prefetch was never answered";
 }
 
 }  // namespace
