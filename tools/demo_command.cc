@@ -172,6 +172,9 @@ int run_consumer(const DemoOptions& o) {
   out["checksum_mismatches"] = r.checksum_mismatches;
   out["leaked_pool_bytes"] = r.leaked_pool_bytes;
   out["live_reservations"] = r.live_reservations;
+  out["reserves_held"] = r.reserves_held;
+  out["held_reserves_placed"] = r.held_reserves_placed;
+  out["held_reserves_expired"] = r.held_reserves_expired;
   out["resident_bytes"] = r.resident_bytes;
   out["time_to_ready_ms"] = r.time_to_ready_ms;
   out["failed_requests"] = r.failed_requests;
@@ -612,6 +615,9 @@ int run_demo(const DemoOptions& options) {
                {"checksum_mismatches", r.value("checksum_mismatches", 0ULL)},
                {"content_mismatches", r.value("content_mismatches", 0ULL)},
                {"live_reservations", r.value("live_reservations", 0ULL)},
+               {"consumer_reserves_held", r.value("reserves_held", 0ULL)},
+               {"consumer_held_reserves_placed", r.value("held_reserves_placed", 0ULL)},
+               {"consumer_held_reserves_expired", r.value("held_reserves_expired", 0ULL)},
                {"resident_bytes", r.value("resident_bytes", 0ULL)},
                {"invariant_error", r.value("invariant_error", std::string())},
                {"producer_failed_saves", producer_result ? producer_result->value("failed_saves", 0ULL) : 0ULL},
@@ -680,6 +686,10 @@ int run_demo(const DemoOptions& options) {
   const bool consistent = summary["invariant_error"].get<std::string>().empty();
   row("pool bookkeeping", consistent ? "consistent" : "INCONSISTENT", mark(consistent));
   row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
+  row("reserves held for space", fmt::format("{}", summary["consumer_reserves_held"].get<std::uint64_t>()),
+      fmt::format("{} placed when space freed, {} answered retry at the end of the hold",
+                  summary["consumer_held_reserves_placed"].get<std::uint64_t>(),
+                  summary["consumer_held_reserves_expired"].get<std::uint64_t>()));
   row("images encoded",
       fmt::format("{} of {}", summary["encoder_runs"].get<std::uint64_t>(),
                   summary["images_requested"].get<std::uint64_t>()),

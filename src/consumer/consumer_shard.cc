@@ -94,6 +94,9 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
   std::uint64_t last_landing_token = 0;
   std::unique_ptr<control::ControlServer> server;
   std::atomic<control::ControlServer*> publisher{nullptr};
+  // The server whose held reserves a freed slot wakes; null when not serving.
+  std::shared_ptr<std::atomic<control::ControlServer*>> space_listener =
+      std::make_shared<std::atomic<control::ControlServer*>>(nullptr);
   std::atomic<std::uint64_t> headers_rejected{0};
   std::mutex shutdown_mutex;
   std::optional<DrainReport> drained;
@@ -267,6 +270,11 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
   state->one_sided = state->transport->capabilities().landing == transport::LandingChoice::sender;
   auto reservation_options = ReservationOptions::from_config(config, state->slab->data(), state->slab->size());
   reservation_options.mode = state->one_sided ? LandingMode::one_sided : LandingMode::receiver_chosen;
+  // A freed slot wakes the reserves the control server holds for space. The pointer is
+  // shared, not the state: a lease may be released after the shard is gone.
+  reservation_options.space_freed = [listener = state->space_listener] {
+    if (auto* server = listener->load(std::memory_order_acquire)) server->capacity_changed();
+  };
   state->reservations = std::make_shared<ReservationManager>(std::move(reservation_options), state->clock);
   auto region =
       state->transport->register_region(state->slab->data(), state->slab->size(), transport::MemoryKind::host);
@@ -279,10 +287,12 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
 
   auto server_options = control::ServerOptions::from_config(config);
   server_options.clock = state->clock;
+  server_options.reserve_hold = std::chrono::milliseconds(config.reserve_hold_ms);  // as the manager's waiters
   auto server = control::ControlServer::start(server_options, std::make_shared<ShardHandler>(state.get()));
   if (!server) return Status(server.status().code(), fmt::format("shard {}: {}", rank, server.status().message()));
   state->server = std::move(*server);
   state->publisher.store(state->server.get(), std::memory_order_release);
+  state->space_listener->store(state->server.get(), std::memory_order_release);
   state->log->info("consumer shard {} serving: control {}, events {}, data {} ({}), pool {}", rank,
                    state->server->control_endpoint(), state->server->event_endpoint(), state->data_address,
                    transport::describe_data_plane(config), format_bytes(state->slab->size()));
@@ -303,6 +313,7 @@ DrainReport ConsumerShard::shutdown(Duration drain) {
   s.publish_events();
   const auto report = s.reservations->wait_for_writers(drain);
   s.publisher.store(nullptr, std::memory_order_release);
+  s.space_listener->store(nullptr, std::memory_order_release);
   if (s.server) s.server->stop();
   if (report.writers_finished) {
     if (s.transport && s.region.valid()) (void)s.transport->deregister_region(s.region);
@@ -394,6 +405,11 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
       counter("control_auth_failures_total", "Control frames failing authentication", "", c.auth_failures);
       counter("control_events_sent_total", "Events sent", "", c.events_sent);
       counter("control_events_dropped_total", "Events dropped from a full queue", "", c.events_dropped);
+      counter("control_reserves_held_total", "Reserves held until space freed (reserve_hold_ms)", "", c.reserves_held);
+      counter("control_held_reserves_placed_total", "Held reserves answered once space freed", "",
+              c.held_reserves_placed);
+      counter("control_held_reserves_expired_total", "Held reserves answered retry_after at the end of their hold", "",
+              c.held_reserves_expired);
     }
   });
 }

@@ -21,6 +21,7 @@ SlotStoreOptions slot_store_options(const ReservationOptions& o) {
   s.alignment = o.alignment;
   s.resident_capacity_bytes = o.resident_capacity_bytes;
   s.reclaimed_max = o.event_queue_max;  // the reclaimed-hash list is bounded like the event queue
+  s.space_freed = o.space_freed;
   return s;
 }
 
@@ -200,7 +201,8 @@ void ReservationCore::note_waiter(const std::string& tid, std::uint64_t nbytes, 
 // `asking` itself. One that stopped retrying (its producer gave up or died) is dropped.
 const ReservationCore::Waiter* ReservationCore::starving_waiter(TimePoint t, std::string_view asking) {
   if (options_.starvation_after <= Duration::zero()) return nullptr;
-  const Duration gone_after = std::max<Duration>(std::chrono::seconds(1), options_.retry_after * 20);
+  const Duration gone_after =
+      std::max<Duration>({std::chrono::seconds(1), options_.retry_after * 20, options_.reserve_hold * 2});
   while (!waiter_order_.empty()) {
     auto it = waiters_.find(waiter_order_.front());
     if (it == waiters_.end()) {

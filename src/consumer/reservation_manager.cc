@@ -24,6 +24,7 @@ ReservationOptions ReservationOptions::from_config(const Config& config, std::by
   o.max_tensor_bytes = config.max_tensor_bytes;
   o.resident_capacity_bytes = config.resident_capacity_bytes;
   o.starvation_after = config.push_wait_timeout() / 4;
+  o.reserve_hold = std::chrono::milliseconds(config.reserve_hold_ms);
   return o;
 }
 

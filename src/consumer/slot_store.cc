@@ -16,7 +16,8 @@ SlotStore::SlotStore(const SlotStoreOptions& options)
       log_(log::get("consumer")),
       resident_capacity_bytes_(options.resident_capacity_bytes == 0 ? allocator_.capacity()
                                                                     : options.resident_capacity_bytes),
-      reclaimed_max_(std::max<std::uint64_t>(options.reclaimed_max, 1)) {}
+      reclaimed_max_(std::max<std::uint64_t>(options.reclaimed_max, 1)),
+      space_freed_(options.space_freed) {}
 
 // ---------------------------------------------------------------- allocation, lookup
 
@@ -94,9 +95,10 @@ void SlotStore::maybe_release(SlotEntry& e) {
       e.in_lru = true;
     }
     enforce_resident_cap();
-    return;
+  } else {
+    free_entry(e);
   }
-  free_entry(e);
+  if (space_freed_) space_freed_();
 }
 
 void SlotStore::free_entry(SlotEntry& e) {

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <optional>
@@ -42,6 +43,9 @@ struct SlotStoreOptions {
   std::uint64_t alignment = 256;
   std::uint64_t resident_capacity_bytes = 0;  // 0 = the pool's capacity
   std::uint64_t reclaimed_max = 1;            // bound on the undrained reclaimed-hash list
+  // Called (under the caller's lock: it must be quick and must not call back) when a
+  // slot becomes free or reclaimable: a reserve turned away may fit now.
+  std::function<void()> space_freed;
 };
 
 // What a slot holds: a payload on its way, a landed payload, or a payload that will
@@ -171,6 +175,7 @@ class SlotStore {
   std::shared_ptr<spdlog::logger> log_;
   std::uint64_t resident_capacity_bytes_;
   std::uint64_t reclaimed_max_;
+  std::function<void()> space_freed_;
   std::unordered_map<SlotId, SlotEntry> entries_;
   std::unordered_map<std::string, SlotId> filling_by_hash_;   // mm_hash -> entry being filled
   std::unordered_map<std::string, SlotId> resident_by_hash_;  // mm_hash -> canonical landed entry

@@ -80,7 +80,25 @@ struct ControlServer::State {
   std::array<std::array<Counter, 2>, wire::kOpCount> requests;
   std::array<Counter, wire::kReserveOutcomeCount> reserve_items;
   Counter malformed, oversized, unknown_ops, version_mismatches, auth_failures, handler_exceptions, replies_unsent,
-      events_published, events_sent, events_dropped, ticks;
+      events_published, events_sent, events_dropped, ticks, reserves_held, held_placed, held_expired;
+
+  // Reserve batches waiting for space (reserve_hold), oldest first. Server thread only,
+  // except `holding` and `capacity_freed`, which capacity_changed() reads and sets.
+  struct HeldReserve {
+    zmq::message_t identity;
+    bool sign = false;
+    wire::DecodedRequest decoded;
+    wire::Reply reply;  // the latest answer: every item retry_after
+    TimePoint until;
+  };
+  static std::size_t item_count(const HeldReserve& h) {
+    const auto* r = std::get_if<wire::ReserveBatchRequest>(&h.decoded.request.body);
+    return r != nullptr ? r->items.size() : 0;
+  }
+  std::deque<HeldReserve> held;
+  std::size_t held_items = 0;  // items of the requests in `held`
+  std::atomic<bool> holding{false};
+  std::atomic<bool> capacity_freed{false};
 
   void run() noexcept;
   void serve();
@@ -91,6 +109,10 @@ struct ControlServer::State {
   void send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign);
   bool flush_events();
   void maybe_tick();
+  // Whether `reply` may be held: a reserve batch whose every item is retry_after.
+  bool should_hold(const wire::DecodedRequest& decoded, const wire::Reply& reply) const;
+  void revisit_held(TimePoint now);
+  void answer(const zmq::message_t& identity, const wire::Reply& reply, bool sign);
 };
 
 Result<std::unique_ptr<ControlServer>> ControlServer::start(ServerOptions options,
@@ -206,6 +228,13 @@ Status ControlServer::publish(wire::Event event) {
   return Status::ok();
 }
 
+void ControlServer::capacity_changed() noexcept {
+  State& s = *state_;
+  // Already flagged: the server sees it before it sleeps again (serve's wait is 0 then).
+  if (s.capacity_freed.exchange(true, std::memory_order_acq_rel)) return;
+  if (s.holding.load(std::memory_order_acquire)) s.wakeup.notify();
+}
+
 ServerCounters ControlServer::counters() const {
   const State& s = *state_;
   ServerCounters c;
@@ -225,6 +254,9 @@ ServerCounters ControlServer::counters() const {
   c.events_sent = s.events_sent.get();
   c.events_dropped = s.events_dropped.get();
   c.ticks = s.ticks.get();
+  c.reserves_held = s.reserves_held.get();
+  c.held_reserves_placed = s.held_placed.get();
+  c.held_reserves_expired = s.held_expired.get();
   return c;
 }
 
@@ -253,13 +285,20 @@ void ControlServer::State::serve() {
         {nullptr, wakeup.fd(), ZMQ_POLLIN, 0},
         {push.handle(), 0, static_cast<short>(have_events && events_blocked ? ZMQ_POLLOUT : 0), 0},
     };
-    const long wait =
-        (have_events && !events_blocked) ? 0 : detail::poll_timeout_ms(options.clock->now(), next_tick, kMaxPollWait);
+    // Wake for the tick, or for the end of the first hold (the oldest ends first).
+    TimePoint wake_at = next_tick;
+    if (!held.empty()) wake_at = std::min(wake_at, held.front().until);
+    const bool held_may_fit = !held.empty() && capacity_freed.load(std::memory_order_acquire);
+    const long wait = (have_events && !events_blocked) || held_may_fit
+                          ? 0
+                          : detail::poll_timeout_ms(options.clock->now(), wake_at, kMaxPollWait);
     if (detail::poll(items, wait) < 0) {
       log->error("control channel poll failed: {}", zmq_strerror(zmq_errno()));
-      return;
+      break;
     }
     if (items[1].revents & ZMQ_POLLIN) wakeup.clear();
+    // Before new requests: what frees up goes to the reserves that waited.
+    revisit_held(options.clock->now());
     for (std::size_t n = 0; n < kMaxRequestsPerTurn; ++n) {
       auto message = detail::receive(router, 3);  // identity, body, mac
       if (!message) break;
@@ -268,6 +307,56 @@ void ControlServer::State::serve() {
     events_blocked = !flush_events();
     maybe_tick();
   }
+  // Stopping: a held reserve is answered now (retry_after), not left to its client's timeout.
+  for (auto& h : held) {
+    held_expired.add();
+    answer(h.identity, h.reply, h.sign);
+  }
+  held.clear();
+  held_items = 0;
+  holding.store(false, std::memory_order_release);
+}
+
+bool ControlServer::State::should_hold(const wire::DecodedRequest& decoded, const wire::Reply& reply) const {
+  const auto* batch = std::get_if<wire::ReserveBatchReply>(&reply.body);
+  if (batch == nullptr || batch->items.empty() || !decoded.item_errors.empty()) return false;
+  return std::all_of(batch->items.begin(), batch->items.end(),
+                     [](const wire::ReserveResult& r) { return r.outcome == wire::ReserveOutcome::retry; });
+}
+
+void ControlServer::State::revisit_held(TimePoint now) {
+  if (held.empty()) return;
+  const bool freed = capacity_freed.exchange(false, std::memory_order_acq_rel);
+  for (auto it = held.begin(); it != held.end();) {
+    if (freed) {
+      wire::Reply again = dispatch(it->decoded);
+      if (!should_hold(it->decoded, again)) {
+        held_placed.add();
+        answer(it->identity, again, it->sign);
+        held_items -= item_count(*it);
+        it = held.erase(it);
+        continue;
+      }
+      it->reply = std::move(again);
+    }
+    if (now >= it->until) {
+      held_expired.add();
+      answer(it->identity, it->reply, it->sign);
+      held_items -= item_count(*it);
+      it = held.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  holding.store(!held.empty(), std::memory_order_release);
+}
+
+void ControlServer::State::answer(const zmq::message_t& identity, const wire::Reply& reply, bool sign) {
+  if (const auto* batch = std::get_if<wire::ReserveBatchReply>(&reply.body)) {
+    for (const auto& item : batch->items) reserve_items[static_cast<std::size_t>(item.outcome)].add();
+  }
+  requests[static_cast<std::size_t>(reply.op)][reply.ok() ? 0 : 1].add();
+  send_reply(identity, reply, sign);
 }
 
 void ControlServer::State::maybe_tick() {
@@ -392,8 +481,25 @@ void ControlServer::State::handle(detail::Message& message) {
   if (!decoded) {
     return reject(identity, envelope.id, envelope.reason, decoded.status().message(), authenticated);
   }
-  const wire::Reply reply = dispatch(*decoded);
-  send_reply(identity, reply, authenticated);
+  wire::Reply reply = dispatch(*decoded);
+  const auto* reserve = std::get_if<wire::ReserveBatchRequest>(&decoded->request.body);
+  const std::size_t items = reserve != nullptr ? reserve->items.size() : 0;
+  if (options.reserve_hold > Duration::zero() && held.size() < options.max_held_reserves &&
+      held_items + items <= options.max_held_items && should_hold(*decoded, reply)) {
+    const TimePoint now = options.clock->now();
+    Duration hold = options.reserve_hold;
+    const auto client_timeout = std::chrono::milliseconds(decoded->request.timeout_ms);
+    if (client_timeout > Duration::zero()) hold = std::min<Duration>(hold, client_timeout / 2);
+    zmq::message_t held_identity(identity.data(), identity.size());
+    // A release racing this hold sets capacity_freed, which serve sees before it sleeps.
+    held.push_back(
+        HeldReserve{std::move(held_identity), authenticated, std::move(*decoded), std::move(reply), now + hold});
+    held_items += items;
+    reserves_held.add();
+    holding.store(true, std::memory_order_release);
+    return;
+  }
+  answer(identity, reply, authenticated);
 }
 
 void ControlServer::State::send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign) {
@@ -455,7 +561,6 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
                 } else {
                   batch.items.push_back(std::move(answered[next_valid++]));
                 }
-                reserve_items[static_cast<std::size_t>(batch.items.back().outcome)].add();
               }
               reply.body = std::move(batch);
             },
@@ -474,7 +579,6 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
     reply.body = std::monostate{};
     reply.status = internal_error(fmt::format("{} failed on the server", wire::op_name(reply.op)));
   }
-  requests[static_cast<std::size_t>(reply.op)][reply.ok() ? 0 : 1].add();
   return reply;
 }
 

@@ -301,6 +301,11 @@ const std::vector<KeySpec>& key_table() {
     extra("retry_after_ms", "integer", "5",
           "Delay a consumer asks producers to wait when its pool is full (back-pressure).",
           set_integer(&Config::retry_after_ms, 1, 60'000));
+    extra("reserve_hold_ms", "integer", "5000",
+          "Consumer: a reserve none of whose items fits the pool is held up to this long (at most half the "
+          "producer's control timeout) and answered as soon as space frees, instead of at once with retry_after; "
+          "0 answers at once.",
+          set_integer(&Config::reserve_hold_ms, 0, 60'000));
     extra("retry_backoff_max_ms", "integer", "200",
           "Producer: a shard refused again with retry_after waits twice as long as the time before (with jitter), "
           "up to this many milliseconds, instead of retrying every retry_after_ms.",

@@ -633,7 +633,11 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   s.result.store_prefetch_timeouts = stats.store_prefetch_timeouts;
   for (const auto& w : s.workers) {
     if (auto* shard = w->shard()) {
-      const auto c = shard->counters().reservations;
+      const auto all = shard->counters();
+      const auto& c = all.reservations;
+      s.result.reserves_held += all.control.reserves_held;
+      s.result.held_reserves_placed += all.control.held_reserves_placed;
+      s.result.held_reserves_expired += all.control.held_reserves_expired;
       s.result.checksum_mismatches += c.checksum_mismatches;
       s.result.live_reservations += c.live_records;
       s.result.resident_bytes += c.resident_bytes;

@@ -54,6 +54,11 @@ struct ConsumerResult {
   std::uint64_t checksum_mismatches = 0;  // payloads the consumer refused on their xxHash64
   std::uint64_t leaked_pool_bytes = 0;    // held by neither a live transfer nor the resident cache
   std::uint64_t live_reservations = 0;
+  // Reserves the shards held until space freed (reserve_hold_ms): placed, or answered
+  // retry when the hold ended.
+  std::uint64_t reserves_held = 0;
+  std::uint64_t held_reserves_placed = 0;
+  std::uint64_t held_reserves_expired = 0;
   std::uint64_t resident_bytes = 0;
   std::vector<double> time_to_ready_ms;  // one per ready request
   std::vector<std::string> failed_requests;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,13 @@ struct ReservationOptions {
   // reserves that would take it are told to retry (0 = first come, first served).
   // Without it a large tensor can starve while smaller ones keep taking what frees up.
   Duration starvation_after = std::chrono::seconds(15);
+  // How long the control server holds a reserve that does not fit (reserve_hold_ms): a
+  // held reserve is asked again only when space frees or its hold ends, so a waiter
+  // counts as gone only after twice that without a retry.
+  Duration reserve_hold = Duration::zero();
+  // Called when a slot becomes free or reclaimable (a turned-away reserve may fit now),
+  // on whichever thread released it, under the manager's lock: quick, no calls back.
+  std::function<void()> space_freed;
 
   // From the config: ttl, tombstone_max, event_queue_max, retry_after_ms, checksum,
   // pool_alignment, max_tensor_bytes, resident_capacity_bytes, starvation_after (a

@@ -31,6 +31,13 @@ struct ServerOptions {
   wire::Limits limits;
   std::string auth_secret;  // "" = authentication off
   Duration tick_interval = std::chrono::seconds(1);
+  // A reserve batch none of whose items can be placed (every one retry_after) is held
+  // this long, at most half the client's timeout, and answered as soon as
+  // capacity_changed() lets an item be placed: the producer waits once instead of
+  // retrying blind. Zero answers retry_after at once.
+  Duration reserve_hold = Duration::zero();
+  std::size_t max_held_reserves = 1024;  // requests held at most; beyond it, answered at once
+  std::size_t max_held_items = 16'384;   // their items at most (a request may carry many)
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
   wire::WallClock wall_clock = wire::system_wall_clock();  // replay window of authenticated frames
 
@@ -55,6 +62,9 @@ struct ServerCounters {
   std::uint64_t events_sent = 0;
   std::uint64_t events_dropped = 0;  // oldest dropped from a full queue
   std::uint64_t ticks = 0;
+  std::uint64_t reserves_held = 0;          // reserve batches held for space (reserve_hold)
+  std::uint64_t held_reserves_placed = 0;   // of those, answered once space freed
+  std::uint64_t held_reserves_expired = 0;  // of those, answered retry_after at the end of their hold
 };
 
 class ControlServer {
@@ -73,6 +83,9 @@ class ControlServer {
   // could not send (e.g. ready without a spec). When the queue is full the oldest
   // event is dropped, counted and logged.
   Status publish(wire::Event event);
+  // Callable from any thread: space may have freed, so held reserves are tried again.
+  // An atomic exchange; a wake-up syscall only when reserves are held.
+  void capacity_changed() noexcept;
 
   int port() const noexcept;
   int event_port() const noexcept;

@@ -46,6 +46,7 @@ struct Config {
   std::uint64_t event_queue_max = 4'096;
   std::uint64_t max_frame_bytes = 1 << 20;
   std::uint64_t retry_after_ms = 5;
+  std::uint64_t reserve_hold_ms = 5'000;  // a consumer holds a reserve it cannot place yet this long (0 = off)
 
   std::uint64_t retry_backoff_max_ms = 200;  // producers' longest wait between reserves after retry_afters
 

@@ -149,6 +149,27 @@ TEST(Reserve, FullPoolAnswersRetryAfterInsteadOfFailing) {
   h.expect_invariants();
 }
 
+// What wakes the reserves the control server holds for space: every slot that frees
+// or becomes reclaimable is signalled, and nothing else is.
+TEST(Reserve, ASlotThatFreesOrBecomesReclaimableIsSignalled) {
+  Harness h(4096);
+  int signals = 0;
+  h.options.space_freed = [&signals] { ++signals; };
+  h.manager = std::make_unique<ReservationManager>(h.options, h.clock);
+  const auto a = h.reserve_writer("a", "ha", 2048);
+  h.reserve_writer("b", "hb", 2048);
+  EXPECT_EQ(signals, 0) << "reserving frees nothing";
+  EXPECT_EQ(h.manager->cancel({"b", {}, false, false}), CancelOutcome::cancelled);
+  EXPECT_EQ(signals, 1) << "a cancelled writer's slot is free";
+  h.land("a", a);
+  auto lease = h.manager->take("a", "ha");
+  ASSERT_TRUE(lease) << lease.status().to_string();
+  const int before_release = signals;
+  lease->release();
+  EXPECT_GT(signals, before_release) << "a released landed slot is resident: reclaimable";
+  h.expect_invariants();
+}
+
 // A large reserve the full pool keeps turning away must not starve while smaller
 // ones take every block that frees up: past starvation_after, what frees up is held
 // for it.

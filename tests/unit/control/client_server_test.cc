@@ -1,3 +1,6 @@
+#include <optional>
+#include <thread>
+
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -307,6 +310,135 @@ TEST(ControlServerStart, Ipv6Loopback) {
   auto client = testing::must(ControlClient::create(ClientOptions{}));
   auto hello = client->hello("tcp://[::1]:" + std::to_string((*server)->port()), 2s);
   EXPECT_TRUE(hello.is_ok()) << hello.status().to_string();
+}
+
+// A pool with room for `free` slots, filled and freed by the test: what reserve_hold
+// waits on. Every reserve that finds no room is answered retry (5 ms).
+class PoolHandler : public TestHandler {
+ public:
+  std::vector<wire::ReserveResult> reserve_batch(const RequestContext&,
+                                                 std::span<const wire::ReserveItem> items) override {
+    std::vector<wire::ReserveResult> out;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      attempts.fetch_add(1);
+      int left = free.load();
+      while (left > 0 && !free.compare_exchange_weak(left, left - 1)) {
+      }
+      out.push_back(left > 0 ? wire::ReserveResult::reserved(ReservationId(1, 1), 1, 64)
+                             : wire::ReserveResult::retry(5));
+    }
+    return out;
+  }
+  std::atomic<int> free{0};
+  std::atomic<int> attempts{0};
+};
+
+struct HeldReserves : ::testing::Test {
+  void SetUp() override {
+    clock = std::make_shared<ManualClock>();
+    handler = std::make_shared<PoolHandler>();
+    ServerOptions o;
+    o.clock = clock;
+    o.tick_interval = 1h;  // no sweep in these tests
+    o.reserve_hold = 10s;
+    server = testing::must(ControlServer::start(o, handler));
+    client = testing::must(ControlClient::create(ClientOptions{}));
+    address = local(server->port());
+  }
+  // Sends a reserve of `n` items; its reply lands in `reply`, and `latch` counts it down.
+  void reserve_async(std::size_t n, std::optional<Result<wire::Reply>>& reply, Latch& latch) {
+    wire::ReserveBatchRequest request;
+    for (std::size_t i = 0; i < n; ++i) request.items.push_back(item("t-" + std::to_string(i)));
+    client->call_async(address, request, 20s, [&reply, &latch](Result<wire::Reply> r) {
+      reply.emplace(std::move(r));
+      latch.count_down();
+    });
+  }
+  // Polls (bounded) until the server holds `n` reserves: held ones answer nothing yet.
+  bool until_held(std::uint64_t n) {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (server->counters().reserves_held < n && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return server->counters().reserves_held >= n;
+  }
+  std::shared_ptr<ManualClock> clock;
+  std::shared_ptr<PoolHandler> handler;
+  std::unique_ptr<ControlServer> server;
+  std::unique_ptr<ControlClient> client;
+  std::string address;
+};
+
+wire::ReserveOutcome outcome_of(const std::optional<Result<wire::Reply>>& reply) {
+  if (!reply || !reply->is_ok()) return wire::ReserveOutcome::error;
+  const auto* batch = std::get_if<wire::ReserveBatchReply>(&(*reply)->body);
+  return batch && batch->items.size() == 1 ? batch->items[0].outcome : wire::ReserveOutcome::error;
+}
+
+TEST_F(HeldReserves, AReserveThatDoesNotFitIsAnsweredWhenSpaceFreesNotRetried) {
+  std::optional<Result<wire::Reply>> reply;
+  Latch latch(1);
+  reserve_async(1, reply, latch);
+  ASSERT_TRUE(until_held(1));
+  EXPECT_FALSE(latch.wait(0ms)) << "held, not answered retry";
+  handler->free = 1;
+  server->capacity_changed();
+  ASSERT_TRUE(latch.wait(10s));
+  EXPECT_EQ(outcome_of(reply), wire::ReserveOutcome::reserved);
+  const auto c = server->counters();
+  EXPECT_EQ(c.held_reserves_placed, 1u);
+  EXPECT_EQ(c.held_reserves_expired, 0u);
+  EXPECT_EQ(c.reserve_items[static_cast<int>(wire::ReserveOutcome::reserved)], 1u) << "counted once, as answered";
+  EXPECT_EQ(c.reserve_items[static_cast<int>(wire::ReserveOutcome::retry)], 0u);
+}
+
+TEST_F(HeldReserves, TheOldestHeldReserveGetsTheFirstFreedSlot) {
+  std::optional<Result<wire::Reply>> first, second;
+  Latch first_done(1), second_done(1);
+  reserve_async(1, first, first_done);
+  ASSERT_TRUE(until_held(1));
+  reserve_async(1, second, second_done);
+  ASSERT_TRUE(until_held(2));
+  handler->free = 1;
+  server->capacity_changed();
+  ASSERT_TRUE(first_done.wait(10s));
+  EXPECT_EQ(outcome_of(first), wire::ReserveOutcome::reserved);
+  EXPECT_FALSE(second_done.wait(0ms)) << "still held: nothing left for it";
+  handler->free = 1;
+  server->capacity_changed();
+  ASSERT_TRUE(second_done.wait(10s));
+  EXPECT_EQ(outcome_of(second), wire::ReserveOutcome::reserved);
+}
+
+TEST_F(HeldReserves, AHoldEndsWithRetryAfterAtItsDeadlineOrAtStop) {
+  std::optional<Result<wire::Reply>> expired, stopped;
+  Latch expired_done(1), stopped_done(1);
+  reserve_async(1, expired, expired_done);
+  ASSERT_TRUE(until_held(1));
+  clock->advance(11s);         // past the 10 s hold
+  server->capacity_changed();  // wakes the server, which finds the pool still full
+  ASSERT_TRUE(expired_done.wait(10s));
+  EXPECT_EQ(outcome_of(expired), wire::ReserveOutcome::retry);
+  EXPECT_EQ(server->counters().held_reserves_expired, 1u);
+  reserve_async(1, stopped, stopped_done);
+  ASSERT_TRUE(until_held(2));
+  server->stop();
+  ASSERT_TRUE(stopped_done.wait(10s)) << "answered at stop, not left to the client's timeout";
+  EXPECT_EQ(outcome_of(stopped), wire::ReserveOutcome::retry);
+}
+
+TEST_F(HeldReserves, ABatchWithAnItemThatFitsIsAnsweredAtOnce) {
+  handler->free = 1;
+  std::optional<Result<wire::Reply>> reply;
+  Latch latch(1);
+  reserve_async(2, reply, latch);
+  ASSERT_TRUE(latch.wait(10s));
+  ASSERT_TRUE(reply && reply->is_ok());
+  const auto& items = std::get<wire::ReserveBatchReply>((*reply)->body).items;
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[0].outcome, wire::ReserveOutcome::reserved);
+  EXPECT_EQ(items[1].outcome, wire::ReserveOutcome::retry);
+  EXPECT_EQ(server->counters().reserves_held, 0u);
 }
 
 }  // namespace
