@@ -287,7 +287,6 @@ Result<std::unique_ptr<ConsumerShard>> ConsumerShard::start(const Config& config
 
   auto server_options = control::ServerOptions::from_config(config);
   server_options.clock = state->clock;
-  server_options.reserve_hold = std::chrono::milliseconds(config.reserve_hold_ms);  // as the manager's waiters
   auto server = control::ControlServer::start(server_options, std::make_shared<ShardHandler>(state.get()));
   if (!server) return Status(server.status().code(), fmt::format("shard {}: {}", rank, server.status().message()));
   state->server = std::move(*server);

@@ -45,6 +45,7 @@ ServerOptions ServerOptions::from_config(const Config& config) {
   o.event_queue_max = static_cast<std::size_t>(config.event_queue_max);
   o.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
   o.auth_secret = config.auth_secret;
+  o.reserve_hold = std::chrono::milliseconds(config.reserve_hold_ms);
   return o;
 }
 

@@ -100,8 +100,7 @@ void PresenceIndex::reconfirm_locked() {
     if (known == known_.end() || known->second.sequence != it->second) continue;
     if (queued_.insert(it->first).second) queue_.push_back(it->first);
   }
-  known_.clear();
-  order_.clear();
+  clear_locked();
 }
 
 PresenceCounters PresenceIndex::counters() const {

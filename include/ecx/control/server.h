@@ -42,7 +42,7 @@ struct ServerOptions {
   wire::WallClock wall_clock = wire::system_wall_clock();  // replay window of authenticated frames
 
   // ec_ip, control_port() + tp_rank, event_port (+ tp_rank when set), layout,
-  // event_queue_max, max_frame_bytes, auth_secret.
+  // event_queue_max, max_frame_bytes, auth_secret, reserve_hold_ms.
   static ServerOptions from_config(const Config& config);
 };
 
