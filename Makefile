@@ -73,7 +73,7 @@ nocuda: bootstrap
 	cmake --build --preset nocuda -j $(JOBS)
 
 bench: build
-	@scripts/run-benchmarks build
+	@PYTHON=$(PYTHON) scripts/run-benchmarks build
 
 fuzz: bootstrap
 	cmake --preset fuzz $(CMAKE_ARGS)

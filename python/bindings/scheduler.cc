@@ -1,9 +1,11 @@
 // ecx._core: the scheduler side of the connector. RequestView is built once per
 // engine request by the Python layer (and cached there); the coordinator's hooks take
 // it as is, so a hook costs one call across the boundary.
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -108,6 +110,10 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
 
 // Owns the coordinator; close() is idempotent and every hook after it is a no-op
 // answer, so an engine that keeps calling during shutdown cannot crash.
+//
+// Loads the connector confirms on the engine's behalf (vLLM versions whose workers
+// never report them) are held here and confirmed before the next hook that reads
+// the state, so the Python layer needs no per-call bookkeeping of its own.
 class PyScheduler {
  public:
   PyScheduler(const Config& config, const std::string& model_dtype, std::int64_t model_hidden_width,
@@ -118,22 +124,112 @@ class PyScheduler {
     impl_ = value_or_raise(worker::make_scheduler_coordinator(config, dtype, model_hidden_width, std::move(c)));
   }
 
+  // For the hooks that read the coordinator's state: deferred confirmations first.
+  SchedulerCoordinator& current() {
+    SchedulerCoordinator& c = impl();
+    if (!loads_to_confirm_.empty()) confirm_deferred_loads(c);
+    return c;
+  }
   SchedulerCoordinator& impl() {
     if (!impl_) throw std::runtime_error("the ECX scheduler coordinator is closed");
     return *impl_;
   }
   bool open() const noexcept { return impl_ != nullptr; }
 
+  // The hook vLLM calls most: open() and the deferred loads checked inline.
+  bool has_cache_item(std::string_view identifier) {
+    if (!impl_) return false;
+    return current().has_cache_item(identifier);
+  }
+
+  void confirm_loads_later(const std::vector<std::string>& hashes) {
+    loads_to_confirm_.insert(loads_to_confirm_.end(), hashes.begin(), hashes.end());
+  }
+  std::size_t loads_awaiting_confirmation() const noexcept { return loads_to_confirm_.size(); }
+
+  // Every report passes through here, so the last pending_saves is the worker's latest.
+  void update_connector_output(scheduler::WorkerOutput out) {
+    pending_saves_ = out.pending_saves;
+    impl().update_connector_output(out);
+  }
+
   void close() {
     if (!impl_) return;
+    loads_to_confirm_.clear();
     py::gil_scoped_release release;  // joins the cancel executor
     impl_->close();
     impl_.reset();
   }
 
  private:
+  void confirm_deferred_loads(SchedulerCoordinator& c) {
+    std::vector<std::string> loaded = std::move(loads_to_confirm_);
+    loads_to_confirm_.clear();
+    std::sort(loaded.begin(), loaded.end());
+    loaded.erase(std::unique(loaded.begin(), loaded.end()), loaded.end());
+    scheduler::WorkerOutput out;
+    out.loaded = std::move(loaded);
+    out.pending_saves = pending_saves_;
+    c.update_connector_output(out);
+  }
+
   std::unique_ptr<SchedulerCoordinator> impl_;
+  std::vector<std::string> loads_to_confirm_;
+  bool pending_saves_ = false;
 };
+
+// has_cache_item as a plain CPython function (METH_FASTCALL) bound to one
+// scheduler: vLLM asks it for every item of every waiting request each step, and
+// pybind11's general dispatch (argument loaders, type lookups, a heap-allocated
+// flag vector per call) cost more than the lookup itself.
+constexpr const char* kBoundSchedulerCapsule = "ecx._core.BoundScheduler";
+
+struct BoundScheduler {
+  py::object owner;  // keeps the SchedulerCoordinator object (and so `scheduler`) alive
+  PyScheduler* scheduler = nullptr;
+};
+
+PyObject* fast_has_cache_item(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 || !PyUnicode_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "has_cache_item(identifier): identifier must be one str");
+    return nullptr;
+  }
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(args[0], &size);
+  if (data == nullptr) return nullptr;
+  auto* bound = static_cast<BoundScheduler*>(PyCapsule_GetPointer(self, kBoundSchedulerCapsule));
+  if (bound == nullptr) return nullptr;
+  try {
+    if (bound->scheduler->has_cache_item(std::string_view(data, static_cast<std::size_t>(size)))) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef fast_has_cache_item_def = {
+    "has_cache_item", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_has_cache_item)), METH_FASTCALL,
+    "has_cache_item(identifier) -> bool: whether the item can be served without encoding it."};
+
+void release_bound_scheduler(PyObject* capsule) {
+  // Reclaims what bound_has_cache_item handed to the capsule.
+  std::unique_ptr<BoundScheduler> bound(
+      static_cast<BoundScheduler*>(PyCapsule_GetPointer(capsule, kBoundSchedulerCapsule)));
+}
+
+py::object bound_has_cache_item(const py::object& owner) {
+  auto bound = std::make_unique<BoundScheduler>();
+  bound->owner = owner;
+  bound->scheduler = &owner.cast<PyScheduler&>();
+  auto capsule =
+      py::reinterpret_steal<py::object>(PyCapsule_New(bound.get(), kBoundSchedulerCapsule, &release_bound_scheduler));
+  if (!capsule) throw py::error_already_set();
+  bound.release();  // NOLINT(bugprone-unused-return-value): the capsule owns it now
+  auto function = py::reinterpret_steal<py::object>(PyCFunction_New(&fast_has_cache_item_def, capsule.ptr()));
+  if (!function) throw py::error_already_set();
+  return function;
+}
 
 }  // namespace
 
@@ -169,18 +265,22 @@ void register_scheduler(py::module_& m) {
                           "The connector's scheduler-side logic (never blocks on the network).")
       .def(py::init<const Config&, const std::string&, std::int64_t, std::shared_ptr<ManualClock>>(), py::arg("config"),
            py::arg("model_dtype") = "bfloat16", py::arg("model_hidden_width") = 0, py::arg("clock") = nullptr)
-      .def("has_cache_item", [](PyScheduler& s, const std::string& id) { return s.impl().has_cache_item(id); })
-      .def("ensure_cache_available",
-           [](PyScheduler& s, const RequestView& r, std::int64_t n) { return s.impl().ensure_cache_available(r, n); })
+      .def("has_cache_item", [](PyScheduler& s, std::string_view id) { return s.has_cache_item(id); })
+      .def_property_readonly("fast_has_cache_item", &bound_has_cache_item,
+                             "has_cache_item as a plain function bound to this scheduler (the same answers, without "
+                             "the general binding's per-call cost); it keeps the scheduler alive and answers False "
+                             "once it is closed.")
+      .def("ensure_cache_available", [](PyScheduler& s, const RequestView& r,
+                                        std::int64_t n) { return s.current().ensure_cache_available(r, n); })
       .def("update_state_after_alloc",
-           [](PyScheduler& s, const RequestView& r, std::size_t i) { s.impl().update_state_after_alloc(r, i); })
+           [](PyScheduler& s, const RequestView& r, std::size_t i) { s.current().update_state_after_alloc(r, i); })
       .def("update_state_after_free",
            [](PyScheduler& s, const RequestView& r, std::size_t i) { s.impl().update_state_after_free(r, i); })
       .def(
           "build_connector_meta",
           [](PyScheduler& s, std::vector<std::string> free_hashes, std::vector<std::string> preempted) {
             scheduler::StepView step{std::move(free_hashes), std::move(preempted)};
-            return meta_to_python(s.impl().build_connector_meta(step));
+            return meta_to_python(s.current().build_connector_meta(step));
           },
           py::arg("free_encoder_mm_hashes"), py::arg("preempted_request_ids") = std::vector<std::string>{},
           "Returns (freed, orphan_cancels, store_candidates[(mm_hash, shape, dtype)], "
@@ -196,7 +296,7 @@ void register_scheduler(py::module_& m) {
             scheduler::WorkerOutput out{std::move(loaded),       std::move(failed_loads), std::move(reclaimed),
                                         pending_saves,           std::move(failed_saves), std::move(store_ready),
                                         std::move(store_failed), std::move(store_dropped)};
-            s.impl().update_connector_output(out);
+            s.update_connector_output(std::move(out));
           },
           py::arg("loaded"), py::arg("failed_loads"), py::arg("reclaimed"), py::arg("pending_saves"),
           py::arg("failed_saves"), py::arg("store_ready") = std::vector<std::string>{},
@@ -208,6 +308,11 @@ void register_scheduler(py::module_& m) {
             return {result.delay_free, std::move(result.params)};
           },
           "Returns (delay_free, params as JSON text or None).")
+      .def("confirm_loads_later", &PyScheduler::confirm_loads_later, py::arg("mm_hashes"),
+           "Loads that ran where no worker report will confirm them: confirmed (as loaded, with the last reported "
+           "pending_saves) before the next has_cache_item, ensure_cache_available, update_state_after_alloc or "
+           "build_connector_meta.")
+      .def_property_readonly("loads_awaiting_confirmation", &PyScheduler::loads_awaiting_confirmation)
       .def("take_unavailable_requests", [](PyScheduler& s) { return s.impl().take_unavailable_requests(); })
       .def("has_pending_push_work", [](PyScheduler& s) { return s.open() && s.impl().has_pending_push_work(); })
       .def(

@@ -363,6 +363,12 @@ class ECXConnector(ECConnectorBase):
         self._scheduler = _core.SchedulerCoordinator(
             self._config, model_dtype_name(vllm_config), width, type(self).scheduler_clock
         )
+        # The hook vLLM calls most (every item of every waiting request, each step) is
+        # the scheduler's own C function, bound here instead of through a Python method:
+        # it answers False once the scheduler is closed (shutdown), and the loads
+        # confirmed on vLLM's behalf (below) live in the scheduler, which confirms them
+        # before it answers.
+        self.has_cache_item = self._scheduler.fast_has_cache_item
         self._views = RequestViews()
         self._metadata = PlaceholderMetadataResolver(getattr(vllm_config, "model_config", None))
         # What this vLLM does is learnt from what it calls, never from its version:
@@ -395,7 +401,6 @@ class ECXConnector(ECConnectorBase):
         self._reports_reach_scheduler: bool | None = None
         # (step planned, hashes loaded, requests scheduled in that step)
         self._loads_awaiting_report: list[tuple[int, list[str], set[str]]] = []
-        self._loads_to_confirm: list[str] = []
         try:  # steps vLLM keeps in flight (2 with async scheduling, PP + 1 with PP)
             self._steps_in_flight = max(1, int(getattr(vllm_config, "max_concurrent_batches", 2)))
         except Exception:  # noqa: BLE001 - a config that cannot say: assume async scheduling
@@ -434,19 +439,9 @@ class ECXConnector(ECConnectorBase):
 
     # ---------------------------------------------------------------- scheduler side
 
-    def _confirm_unreported_loads(self) -> None:
-        """Confirms the synchronous loads of earlier steps where no report ever comes
-        (see _reports_reach_scheduler): those steps have run their start_load_caches."""
-        if not self._loads_to_confirm:
-            return
-        loaded, self._loads_to_confirm = sorted(set(self._loads_to_confirm)), []
-        self._scheduler.update_connector_output(loaded, [], [], self._pending_saves, [])
-
     def has_cache_item(self, identifier: str) -> bool:
-        if self._scheduler is None or self._closed:
-            return False
-        self._confirm_unreported_loads()
-        return self._scheduler.has_cache_item(identifier)
+        """A scheduler-side connector replaces this with its scheduler's C function."""
+        return False
 
     def has_caches(self, request: Any) -> list[bool]:
         """vLLM before Feb 2026 asked per request instead of per item."""
@@ -455,13 +450,11 @@ class ECXConnector(ECConnectorBase):
     def ensure_cache_available(self, request: Any, num_computed_tokens: int = 0, *args: Any, **kwargs: Any) -> bool:
         if self._scheduler is None or self._closed or not getattr(request, "mm_features", None):
             return True
-        self._confirm_unreported_loads()
         return self._scheduler.ensure_cache_available(self._views.get(request), int(num_computed_tokens))
 
     def update_state_after_alloc(self, request: Any, index: int) -> None:
         if self._scheduler is None or self._closed:
             return
-        self._confirm_unreported_loads()
         self._scheduler.update_state_after_alloc(self._views.get(request), int(index))
 
     def update_state_after_free(self, request: Any, index: int) -> None:
@@ -505,15 +498,14 @@ class ECXConnector(ECConnectorBase):
                 "synchronous loads are confirmed when the next step is planned"
             )
             for _, hashes, _ in self._loads_awaiting_report:
-                self._loads_to_confirm.extend(hashes)
+                self._scheduler.confirm_loads_later(hashes)
             self._loads_awaiting_report.clear()
-        self._confirm_unreported_loads()
         meta = ECXConnectorMetadata.from_core(self._scheduler.build_connector_meta(freed, preempted), no_tokens)
         if self._config.is_consumer and not self._scheduler.asynchronous_loads:
             planned = [item.mm_hash for item in meta.loads if not item.local]
             if planned:
                 if self._reports_reach_scheduler is False:
-                    self._loads_to_confirm.extend(planned)
+                    self._scheduler.confirm_loads_later(planned)
                 elif self._reports_reach_scheduler is None:
                     scheduled = {str(r) for r in (getattr(scheduler_output, "num_scheduled_tokens", None) or {})}
                     self._loads_awaiting_report.append((self._steps_planned, planned, scheduled))

@@ -190,6 +190,29 @@ def test_malformed_params_fail_the_request_at_once_and_absent_params_encode_loca
         scheduler.close()
 
 
+def test_connector_has_cache_item_is_the_schedulers_own_function_and_answers_like_the_binding():
+    connector = make_connector("SCHEDULER", "ec_consumer", epd_cluster.free_port_range(1))
+    try:
+        scheduler = connector._scheduler
+        fast = connector.has_cache_item
+        assert type(fast).__name__ == "builtin_function_or_method"  # no Python frame per call
+        assert fast("h") is False and scheduler.has_cache_item("h") is False
+        with pytest.raises(TypeError, match="identifier must be one str"):
+            fast(b"h")
+        with pytest.raises(TypeError, match="identifier must be one str"):
+            fast()
+        # Loads confirmed on vLLM's behalf wait in the scheduler until the next hook
+        # that reads its state; has_cache_item is one.
+        scheduler.confirm_loads_later(["h1", "h2", "h1"])
+        assert scheduler.loads_awaiting_confirmation == 3
+        assert fast("h1") is False  # never landed here: confirming it makes nothing appear
+        assert scheduler.loads_awaiting_confirmation == 0
+    finally:
+        connector.shutdown()
+    assert fast("h") is False  # the closed scheduler answers neutrally, even through a kept reference
+    assert connector._scheduler.loads_awaiting_confirmation == 0
+
+
 def test_scheduler_connector_hooks_after_shutdown_answer_neutrally():
     from vllm._double_engine import SchedulerOutput, make_request
 

@@ -57,7 +57,7 @@ bool ConsumerGate::has_cache_item(std::string_view identifier) {
   channel_.drain(clock_->now());
   const bool have =
       table_.has_state(identifier, {TransferState::ready, TransferState::resident, TransferState::available});
-  if (have) claimed_this_step_.emplace(identifier);
+  if (have) detail::insert_once(claimed_this_step_, identifier);
   return have;
 }
 

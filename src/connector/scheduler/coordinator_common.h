@@ -37,6 +37,11 @@ struct StringHash {
   std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
 using StringSet = std::unordered_set<std::string, StringHash, std::equal_to<>>;
+// emplace builds the node (a string allocation) before it finds the key is there;
+// has_cache_item asks the same identifiers step after step.
+inline void insert_once(StringSet& set, std::string_view key) {
+  if (!set.contains(key)) set.emplace(key);
+}
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 

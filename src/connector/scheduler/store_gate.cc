@@ -87,7 +87,7 @@ bool StoreGate::has_cache_item(std::string_view identifier) {
     return false;
   }
   ++stats_.hits;
-  claimed_this_step_.emplace(identifier);
+  detail::insert_once(claimed_this_step_, identifier);
   return true;
 }
 
