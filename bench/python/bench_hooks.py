@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import timeit
@@ -23,45 +22,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "python" / "vllm_double"))
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+
+import epd_cluster  # noqa: E402 - the suite's connector configuration and port probe
 
 
 def make_connector(ec_role: str, port: int):
-    from vllm.config import ECTransferConfig, ParallelConfig, VllmConfig
+    """A scheduler-side connector, configured as the Python suite configures one."""
     from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
 
-    config = VllmConfig(
-        ec_transfer_config=ECTransferConfig(
-            ec_connector="ECXConnector",
-            ec_connector_module_path="ecx.vllm",
-            ec_role=ec_role,
-            ec_ip="127.0.0.1",
-            ec_port=port,
-            ec_buffer_device="cpu",
-            ec_buffer_size=16 * 1024 * 1024,
-            ec_connector_extra_config={"encoder_output_width": 16},
-        ),
-        parallel_config=ParallelConfig(tensor_parallel_size=1),
-    )
+    config = epd_cluster.vllm_config(ec_role, port, 1, encoder_output_width=16)
     return ECConnectorFactory.create_connector(config, ECConnectorRole.SCHEDULER)
-
-
-def free_port_block(count: int) -> int:
-    """A base port with `count` consecutive ports free on 127.0.0.1 (bind-probe)."""
-    for base in range(20000, 30000, count):
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise SystemExit("bench_hooks.py: no free block of ports on 127.0.0.1; pass --port")
 
 
 class _PythonHook:
@@ -86,7 +58,7 @@ def main() -> int:
         parser.error("--calls and --repeat must be at least 1")
 
     if args.port == 0:
-        args.port = free_port_block(16)
+        args.port = epd_cluster.free_port_range(16)
     identifier = "sha256:" + "0123456789abcdef" * 4  # a 64-hex mm_hash nobody holds
     rows: list[dict] = []
     floor_c = per_call_us({}.__contains__, identifier, args.calls, args.repeat)
