@@ -86,9 +86,12 @@ Figures median(std::vector<Figures> runs) {
 int run_control_bench(const ControlBenchOptions& o) {
   log::set_level(spdlog::level::warn);
   auto reserve = sim::ReserveLoop::start();
-  if (!reserve) {
-    std::cerr << "ecx bench control: " << reserve.status().to_string() << "\n";
-    return 1;
+  auto reserve_io_thread = sim::ReserveLoop::start(/*lanes=*/false);
+  for (const auto* loop : {&reserve, &reserve_io_thread}) {
+    if (!*loop) {
+      std::cerr << "ecx bench control: " << loop->status().to_string() << "\n";
+      return 1;
+    }
   }
   sim::RawEchoLoop echo;
   std::string load = "?";
@@ -98,7 +101,7 @@ int run_control_bench(const ControlBenchOptions& o) {
       "echo; {} s per run, median of {} interleaved runs, pipelined window {}, load average {} on {} CPUs\n",
       echo.frame_bytes(), o.seconds, o.repeat, o.window, load, std::thread::hardware_concurrency());
 
-  std::vector<Figures> echo_blocking, ecx_blocking, echo_pipelined, ecx_pipelined;
+  std::vector<Figures> echo_blocking, ecx_blocking, ecx_blocking_io_thread, echo_pipelined, ecx_pipelined;
   for (int r = 0; r < o.repeat; ++r) {
     // Interleaved, so load from anything else on the machine hits both.
     echo_blocking.push_back(blocking(o.seconds, [&] {
@@ -106,13 +109,14 @@ int run_control_bench(const ControlBenchOptions& o) {
       return true;
     }));
     ecx_blocking.push_back(blocking(o.seconds, [&] { return (*reserve)->round_trip(); }));
+    ecx_blocking_io_thread.push_back(blocking(o.seconds, [&] { return (*reserve_io_thread)->round_trip(); }));
     echo_pipelined.push_back(pipelined(o.seconds, o.window, [&](int w) {
       echo.pipelined(w);
       return std::size_t{0};
     }));
     ecx_pipelined.push_back(pipelined(o.seconds, o.window, [&](int w) { return (*reserve)->pipelined(w); }));
   }
-  const Figures zb = median(echo_blocking), eb = median(ecx_blocking);
+  const Figures zb = median(echo_blocking), eb = median(ecx_blocking), ei = median(ecx_blocking_io_thread);
   const Figures zp = median(echo_pipelined), ep = median(ecx_pipelined);
 
   json series = json::array();
@@ -132,6 +136,18 @@ int run_control_bench(const ControlBenchOptions& o) {
                     {"ratio_vs_zmq_per_s", eb.per_s / zb.per_s},
                     {"ratio_vs_zmq_p50", eb.p50_us / zb.p50_us},
                     {"ratio_vs_zmq_p99", eb.p99_us / zb.p99_us}});
+  // The same blocking calls handed to the client's I/O thread and back (no lane):
+  // what the two thread hand-offs cost, which asynchronous callers still pay.
+  series.push_back({{"series", "ecx_reserve_blocking_io_thread"},
+                    {"size_bytes", echo.frame_bytes()},
+                    {"window", 1},
+                    {"per_s", ei.per_s},
+                    {"p50_us", ei.p50_us},
+                    {"p99_us", ei.p99_us},
+                    {"failures", ei.failures},
+                    {"ratio_vs_zmq_per_s", ei.per_s / zb.per_s},
+                    {"ratio_vs_zmq_p50", ei.p50_us / zb.p50_us},
+                    {"ratio_vs_zmq_p99", ei.p99_us / zb.p99_us}});
   series.push_back({{"series", "zmq_echo_pipelined"},
                     {"size_bytes", echo.frame_bytes()},
                     {"window", o.window},
@@ -143,7 +159,7 @@ int run_control_bench(const ControlBenchOptions& o) {
                     {"failures", ep.failures},
                     {"ratio_vs_zmq_per_s", ep.per_s / zp.per_s}});
 
-  const TextTable table({{"series", 22},
+  const TextTable table({{"series", 30},
                          {"window", 6},
                          {"req/s", 10},
                          {"p50 us", 8},
@@ -166,7 +182,7 @@ int run_control_bench(const ControlBenchOptions& o) {
       return 1;
     }
   }
-  return eb.failures + ep.failures == 0 ? 0 : 1;
+  return eb.failures + ei.failures + ep.failures == 0 ? 0 : 1;
 }
 
 void add_bench_control_command(CLI::App& app, Runner& run) {

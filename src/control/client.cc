@@ -1,5 +1,6 @@
 #include "ecx/control/client.h"
 
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <set>
@@ -71,12 +72,27 @@ struct ControlClient::State {
     Duration timeout{};
     ReplyCallback done;
   };
+  // A socket for blocking calls, used by one caller at a time (see the header).
+  struct Lane {
+    std::string address;
+    zmq::socket_t socket;
+    std::optional<wire::StampIssuer> stamps;
+    std::optional<wire::ReplayGuard> replay;
+  };
+  // A reply message once its MAC, encoding and freshness are checked; what is
+  // dropped was counted and logged.
+  struct CheckedReply {
+    std::optional<wire::Reply> reply;  // nullopt: dropped
+    std::uint64_t undecodable_id = 0;  // the body did not decode but named this request (authentication off)
+    std::string undecodable_why;
+  };
 
   ClientOptions options;
   wire::FrameSecurity security;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
   zmq::context_t context{1};
   detail::Wakeup wakeup;
+  detail::Wakeup closing;  // notified once by close() and never cleared: ends the lanes' waits
   std::atomic<std::uint64_t> next_id{1};
   std::atomic<std::size_t> admitted{0};  // calls accepted and not yet completed
   std::atomic<bool> stopping{false};
@@ -91,17 +107,38 @@ struct ControlClient::State {
   std::unordered_map<std::uint64_t, Pending> pending;
   std::set<std::pair<TimePoint, std::uint64_t>> deadlines;
 
+  // Lanes: declared after `context`, so their sockets close before it terminates.
+  std::mutex lanes_mutex;
+  std::condition_variable lanes_returned;
+  std::vector<std::unique_ptr<Lane>> idle_lanes;  // guarded by lanes_mutex; most recently used last
+  std::size_t lanes_out = 0;                      // guarded by lanes_mutex: in callers' hands
+
   mutable std::mutex topology_mutex;
   std::unordered_map<std::string, Topology> topologies;  // guarded by topology_mutex
 
   std::array<Counter, wire::kOpCount> sent;
   Counter replies_ok, replies_error, timeouts, rejected_calls, unmatched_replies, malformed_replies, auth_failures,
-      peers_opened, peers_closed, discoveries_ok, discoveries_failed;
+      peers_opened, peers_closed, discoveries_ok, discoveries_failed, lane_calls, lanes_opened;
 
   void submit(std::string address, wire::RequestBody body, Duration timeout, ReplyCallback done);
   void fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
                FanOutCallback done);
   void discover(const std::string& base, Duration timeout, const TopologyCallback& done, int attempt);
+  Result<wire::Reply> call_blocking(std::string address, wire::RequestBody body, Duration timeout);
+
+  // Sockets and replies, for the I/O thread and the lanes alike.
+  std::optional<zmq::socket_t> open_dealer(const std::string& address, Status& error);
+  CheckedReply check_reply(const std::string& address, std::optional<wire::ReplayGuard>& replay,
+                           detail::Message& message);
+  Result<wire::Reply> accept_reply(const std::string& address, wire::Op op, wire::Reply reply);
+  std::string timeout_text(const std::string& address, wire::Op op, Duration timeout, bool sent) const;
+
+  // Lanes (caller threads).
+  std::unique_ptr<Lane> take_lane(const std::string& address);
+  void return_lane(std::unique_ptr<Lane> lane);
+  Result<wire::Reply> call_on_lane(Lane& lane, wire::RequestBody body, Duration timeout);
+  Status wait_on_lane(Lane& lane, short events, TimePoint deadline);
+  void close_lanes();
 
   void run() noexcept;
   void loop();
@@ -141,7 +178,9 @@ void ControlClient::close() {
   std::lock_guard lock(state_->close_mutex);
   state_->stopping.store(true, std::memory_order_release);
   state_->wakeup.notify();
+  state_->closing.notify();
   if (state_->thread.joinable()) state_->thread.join();
+  state_->close_lanes();
 }
 
 const ClientOptions& ControlClient::options() const noexcept { return state_->options; }
@@ -198,15 +237,19 @@ std::future<Result<wire::Reply>> ControlClient::call(std::string address, wire::
   return future;
 }
 
+Result<wire::Reply> ControlClient::call_blocking(std::string address, wire::RequestBody body, Duration timeout) {
+  return state_->call_blocking(std::move(address), std::move(body), timeout);
+}
+
 Result<wire::HelloReply> ControlClient::hello(const std::string& address, Duration timeout) {
-  return reply_body<wire::HelloReply>(call(address, wire::HelloRequest{state_->options.name}, timeout).get());
+  return reply_body<wire::HelloReply>(call_blocking(address, wire::HelloRequest{state_->options.name}, timeout));
 }
 
 Result<wire::ReserveBatchReply> ControlClient::reserve_batch(const std::string& address,
                                                              std::vector<wire::ReserveItem> items, Duration timeout) {
   const std::size_t count = items.size();
   auto reply =
-      reply_body<wire::ReserveBatchReply>(call(address, wire::ReserveBatchRequest{std::move(items)}, timeout).get());
+      reply_body<wire::ReserveBatchReply>(call_blocking(address, wire::ReserveBatchRequest{std::move(items)}, timeout));
   if (reply && reply->items.size() != count) {
     return protocol_error(fmt::format("{} answered {} of {} reservation items", address, reply->items.size(), count));
   }
@@ -215,11 +258,11 @@ Result<wire::ReserveBatchReply> ControlClient::reserve_batch(const std::string& 
 
 Result<wire::CancelReply> ControlClient::cancel(const std::string& address, wire::CancelRequest request,
                                                 Duration timeout) {
-  return reply_body<wire::CancelReply>(call(address, std::move(request), timeout).get());
+  return reply_body<wire::CancelReply>(call_blocking(address, std::move(request), timeout));
 }
 
 Result<wire::StatusReply> ControlClient::status(const std::string& address, std::string transfer_id, Duration timeout) {
-  return reply_body<wire::StatusReply>(call(address, wire::StatusRequest{std::move(transfer_id)}, timeout).get());
+  return reply_body<wire::StatusReply>(call_blocking(address, wire::StatusRequest{std::move(transfer_id)}, timeout));
 }
 
 void ControlClient::State::fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
@@ -380,6 +423,8 @@ ClientCounters ControlClient::counters() const {
   c.peers_closed = s.peers_closed.get();
   c.discoveries_ok = s.discoveries_ok.get();
   c.discoveries_failed = s.discoveries_failed.get();
+  c.lane_calls = s.lane_calls.get();
+  c.lanes_opened = s.lanes_opened.get();
   return c;
 }
 
@@ -455,28 +500,11 @@ ControlClient::State::Peer* ControlClient::State::peer_for(const std::string& ad
     peers.erase(victim);
     peers_closed.add();
   }
+  auto socket = open_dealer(address, error);
+  if (!socket) return nullptr;
   auto peer = std::make_unique<Peer>();
   peer->address = address;
-  try {
-    peer->socket = zmq::socket_t(context, zmq::socket_type::dealer);
-    detail::set_common_options(peer->socket, options.limits);
-    // Queue only to a live connection: a request written while the peer is down
-    // waits in our outbox (bounded by its deadline) instead of reaching a restarted
-    // peer long after its caller gave up.
-    peer->socket.set(zmq::sockopt::immediate, 1);
-    const int hwm = static_cast<int>(std::min<std::size_t>(options.max_in_flight + 16, 1 << 30));
-    peer->socket.set(zmq::sockopt::sndhwm, hwm);
-    peer->socket.set(zmq::sockopt::rcvhwm, hwm);
-    peer->socket.set(zmq::sockopt::reconnect_ivl, 100);
-    peer->socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
-    // Detects a peer that vanished without closing its connection.
-    peer->socket.set(zmq::sockopt::heartbeat_ivl, 1000);
-    peer->socket.set(zmq::sockopt::heartbeat_timeout, 5000);
-    peer->socket.connect(address);
-  } catch (const zmq::error_t& e) {
-    error = unavailable(fmt::format("cannot connect to {}: {}", address, e.what()));
-    return nullptr;
-  }
+  peer->socket = std::move(*socket);
   if (security.enabled()) {
     peer->stamps.emplace(options.wall_clock);
     peer->replay.emplace(wire::ReplayGuard::Options{}, options.wall_clock);
@@ -548,71 +576,121 @@ void ControlClient::State::read(Peer& peer) {
   }
 }
 
-void ControlClient::State::on_reply(Peer& peer, detail::Message& message) {
-  if (message.parts.empty()) return;
+std::optional<zmq::socket_t> ControlClient::State::open_dealer(const std::string& address, Status& error) {
+  try {
+    zmq::socket_t socket(context, zmq::socket_type::dealer);
+    detail::set_common_options(socket, options.limits);
+    // Queue only to a live connection: a request written while the peer is down
+    // waits in our outbox (bounded by its deadline) instead of reaching a restarted
+    // peer long after its caller gave up.
+    socket.set(zmq::sockopt::immediate, 1);
+    const int hwm = static_cast<int>(std::min<std::size_t>(options.max_in_flight + 16, 1 << 30));
+    socket.set(zmq::sockopt::sndhwm, hwm);
+    socket.set(zmq::sockopt::rcvhwm, hwm);
+    socket.set(zmq::sockopt::reconnect_ivl, 100);
+    socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+    // Detects a peer that vanished without closing its connection.
+    socket.set(zmq::sockopt::heartbeat_ivl, 1000);
+    socket.set(zmq::sockopt::heartbeat_timeout, 5000);
+    socket.connect(address);
+    return socket;
+  } catch (const zmq::error_t& e) {
+    error = unavailable(fmt::format("cannot connect to {}: {}", address, e.what()));
+    return std::nullopt;
+  }
+}
+
+ControlClient::State::CheckedReply ControlClient::State::check_reply(const std::string& address,
+                                                                     std::optional<wire::ReplayGuard>& replay,
+                                                                     detail::Message& message) {
+  CheckedReply out;
+  if (message.parts.empty()) return out;
   const std::string_view body = detail::view(message.parts[0]);
   bool signed_ok = false;
   if (security.enabled() && message.total_parts == 2) {
     signed_ok = security.authenticator->verify(wire::FrameKind::reply, body, detail::view(message.parts[1]));
     if (!signed_ok) {
       auth_failures.add();
-      log->warn("dropped a reply from {} with a bad MAC", peer.address);
-      return;
+      log->warn("dropped a reply from {} with a bad MAC", address);
+      return out;
     }
   } else if (message.total_parts != 1) {
     malformed_replies.add();
-    return;
+    return out;
   }
   wire::Envelope envelope;
   auto reply = wire::decode_reply(body, options.limits, &envelope);
   if (!reply) {
     malformed_replies.add();
-    log->warn("undecodable reply from {}: {}", peer.address, reply.status().message());
-    auto it = pending.find(envelope.id);
-    if (envelope.id != 0 && it != pending.end() && it->second.address == peer.address && !security.enabled()) {
-      complete(envelope.id,
-               protocol_error(fmt::format("undecodable reply from {}: {}", peer.address, reply.status().message())));
+    log->warn("undecodable reply from {}: {}", address, reply.status().message());
+    if (!security.enabled()) {
+      out.undecodable_id = envelope.id;
+      out.undecodable_why = fmt::format("undecodable reply from {}: {}", address, reply.status().message());
     }
-    return;
+    return out;
   }
   if (security.enabled()) {
     if (signed_ok) {
-      Status fresh = envelope.stamp ? peer.replay->check(*envelope.stamp) : protocol_error("the reply has no stamp");
+      Status fresh = envelope.stamp ? replay->check(*envelope.stamp) : protocol_error("the reply has no stamp");
       if (!fresh) {
         auth_failures.add();
-        log->warn("dropped a reply from {}: {}", peer.address, fresh.message());
-        return;
+        log->warn("dropped a reply from {}: {}", address, fresh.message());
+        return out;
       }
     } else if (reply->ok() || (reply->reason != wire::RejectReason::unauthenticated &&
                                reply->reason != wire::RejectReason::malformed)) {
       // Unsigned frames are believed only when they refuse us: a forged refusal
       // costs one request, which a man in the middle could cost anyway.
       auth_failures.add();
-      log->warn("dropped an unsigned reply from {}", peer.address);
-      return;
+      log->warn("dropped an unsigned reply from {}", address);
+      return out;
     }
   }
-  auto it = pending.find(reply->id);
+  out.reply = std::move(*reply);
+  return out;
+}
+
+Result<wire::Reply> ControlClient::State::accept_reply(const std::string& address, wire::Op op, wire::Reply reply) {
+  if (reply.ok() && reply.op != op) {
+    malformed_replies.add();
+    return protocol_error(
+        fmt::format("{} answered a {} request as {}", address, wire::op_name(op), wire::op_name(reply.op)));
+  }
+  if (reply.ok()) {
+    replies_ok.add();
+  } else {
+    replies_error.add();
+    if (reply.reason == wire::RejectReason::unauthenticated) {
+      log->warn("{} refused authentication: {}", address, reply.status.message());
+    }
+  }
+  return reply;
+}
+
+std::string ControlClient::State::timeout_text(const std::string& address, wire::Op op, Duration timeout,
+                                               bool was_sent) const {
+  return was_sent ? fmt::format("no reply from {} to {} within {} ms", address, wire::op_name(op), as_ms(timeout))
+                  : fmt::format("could not reach {} within {} ms ({} not sent)", address, as_ms(timeout),
+                                wire::op_name(op));
+}
+
+void ControlClient::State::on_reply(Peer& peer, detail::Message& message) {
+  CheckedReply checked = check_reply(peer.address, peer.replay, message);
+  if (!checked.reply) {
+    auto it = pending.find(checked.undecodable_id);
+    if (checked.undecodable_id != 0 && it != pending.end() && it->second.address == peer.address) {
+      complete(checked.undecodable_id, protocol_error(std::move(checked.undecodable_why)));
+    }
+    return;
+  }
+  auto it = pending.find(checked.reply->id);
   if (it == pending.end() || it->second.address != peer.address || !it->second.sent) {
     unmatched_replies.add();
     return;
   }
-  if (reply->ok() && reply->op != it->second.op) {
-    malformed_replies.add();
-    complete(reply->id, protocol_error(fmt::format("{} answered a {} request as {}", peer.address,
-                                                   wire::op_name(it->second.op), wire::op_name(reply->op))));
-    return;
-  }
-  if (reply->ok()) {
-    replies_ok.add();
-  } else {
-    replies_error.add();
-    if (reply->reason == wire::RejectReason::unauthenticated) {
-      log->warn("{} refused authentication: {}", peer.address, reply->status.message());
-    }
-  }
-  const std::uint64_t id = reply->id;
-  complete(id, std::move(*reply));
+  const std::uint64_t id = checked.reply->id;
+  const wire::Op op = it->second.op;
+  complete(id, accept_reply(peer.address, op, std::move(*checked.reply)));
 }
 
 void ControlClient::State::expire() {
@@ -626,11 +704,7 @@ void ControlClient::State::expire() {
     }
     timeouts.add();
     const Pending& p = it->second;
-    std::string text =
-        p.sent ? fmt::format("no reply from {} to {} within {} ms", p.address, wire::op_name(p.op), as_ms(p.timeout))
-               : fmt::format("could not reach {} within {} ms ({} not sent)", p.address, as_ms(p.timeout),
-                             wire::op_name(p.op));
-    complete(id, timeout_error(std::move(text)));
+    complete(id, timeout_error(timeout_text(p.address, p.op, p.timeout, p.sent)));
   }
 }
 
@@ -678,6 +752,157 @@ void ControlClient::State::shutdown() {
     for (std::uint64_t id : ids) complete(id, cancelled("the control client is shutting down"));
   }
   peers.clear();
+}
+
+// ---------------------------------------------------------------- lanes (caller threads)
+
+Result<wire::Reply> ControlClient::State::call_blocking(std::string address, wire::RequestBody body,
+                                                        Duration timeout) {
+  if (timeout <= Duration::zero()) timeout = options.default_timeout;
+  std::unique_ptr<Lane> lane;
+  if (!stopping.load(std::memory_order_acquire) && detail::parse_tcp_endpoint(address)) lane = take_lane(address);
+  if (!lane) {
+    // No lane (all busy, lanes off, or a call that is refused anyway): the I/O
+    // thread's way, which also gives every refusal its usual answer.
+    std::promise<Result<wire::Reply>> promise;
+    auto future = promise.get_future();
+    submit(std::move(address), std::move(body), timeout,
+           [&promise](Result<wire::Reply> reply) { promise.set_value(std::move(reply)); });
+    return future.get();
+  }
+  if (admitted.fetch_add(1, std::memory_order_acq_rel) >= options.max_in_flight) {
+    admitted.fetch_sub(1, std::memory_order_acq_rel);
+    rejected_calls.add();
+    return_lane(std::move(lane));
+    return resource_exhausted(fmt::format("{} control requests already in flight", options.max_in_flight));
+  }
+  lane_calls.add();
+  auto result = call_on_lane(*lane, std::move(body), timeout);
+  admitted.fetch_sub(1, std::memory_order_acq_rel);
+  return_lane(std::move(lane));
+  return result;
+}
+
+std::unique_ptr<ControlClient::State::Lane> ControlClient::State::take_lane(const std::string& address) {
+  std::unique_lock lock(lanes_mutex);
+  if (options.max_lanes == 0 || stopping.load(std::memory_order_acquire)) return nullptr;
+  for (auto it = idle_lanes.rbegin(); it != idle_lanes.rend(); ++it) {
+    if ((*it)->address != address) continue;
+    std::unique_ptr<Lane> lane = std::move(*it);
+    idle_lanes.erase(std::next(it).base());
+    ++lanes_out;
+    return lane;
+  }
+  if (lanes_out >= options.max_lanes) return nullptr;
+  // Room for a new lane: the least recently used idle one (of another peer) goes.
+  if (lanes_out + idle_lanes.size() >= options.max_lanes) idle_lanes.erase(idle_lanes.begin());
+  ++lanes_out;  // counted before the socket exists, so close() waits for it too
+  lock.unlock();
+
+  Status error;
+  auto socket = open_dealer(address, error);
+  if (!socket) {
+    return_lane(nullptr);
+    return nullptr;  // the I/O thread's way reports the error
+  }
+  auto lane = std::make_unique<Lane>();
+  lane->address = address;
+  lane->socket = std::move(*socket);
+  if (security.enabled()) {
+    lane->stamps.emplace(options.wall_clock);
+    lane->replay.emplace(wire::ReplayGuard::Options{}, options.wall_clock);
+  }
+  lanes_opened.add();
+  return lane;
+}
+
+void ControlClient::State::return_lane(std::unique_ptr<Lane> lane) {
+  // All under the lock, the notify too: once lanes_out reaches 0, close() may go on
+  // and the client may be destroyed.
+  std::lock_guard lock(lanes_mutex);
+  if (lane && !stopping.load(std::memory_order_acquire)) idle_lanes.push_back(std::move(lane));
+  lane.reset();
+  --lanes_out;
+  lanes_returned.notify_all();
+}
+
+void ControlClient::State::close_lanes() {
+  std::unique_lock lock(lanes_mutex);
+  // Every lane in use sees `closing` within one poll and comes back at once; the
+  // bound only keeps a stuck caller from holding close() for ever.
+  if (!lanes_returned.wait_for(lock, std::chrono::seconds(30), [this] { return lanes_out == 0; })) {
+    log->error("{} blocking control calls did not return within 30 s of close", lanes_out);
+  }
+  idle_lanes.clear();
+}
+
+Status ControlClient::State::wait_on_lane(Lane& lane, short events, TimePoint deadline) {
+  std::vector<zmq_pollitem_t> items{{lane.socket.handle(), 0, events, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}};
+  for (;;) {
+    if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
+    const TimePoint now = options.clock->now();
+    if (now >= deadline) return timeout_error("deadline");
+    if (detail::poll(items, detail::poll_timeout_ms(now, deadline, kMaxPollWait)) < 0) {
+      return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
+    }
+    if (items[1].revents & ZMQ_POLLIN) return cancelled("the control client is shutting down");
+    if (items[0].revents & events) return Status::ok();
+  }
+}
+
+Result<wire::Reply> ControlClient::State::call_on_lane(Lane& lane, wire::RequestBody body, Duration timeout) {
+  wire::Request request;
+  request.id = next_id.fetch_add(1, std::memory_order_relaxed);
+  request.timeout_ms = static_cast<std::uint32_t>(std::clamp<long long>(as_ms(timeout), 1, 0xffffffffLL));
+  request.body = std::move(body);
+  const wire::Op op = request.op();
+  const TimePoint deadline = options.clock->now() + timeout;
+
+  std::optional<wire::AuthStamp> stamp;
+  if (lane.stamps) stamp = lane.stamps->next();
+  std::string frame;
+  wire::encode_request(request, stamp ? &*stamp : nullptr, frame);
+  if (frame.size() > options.limits.max_frame_bytes) {
+    rejected_calls.add();
+    return invalid_argument(fmt::format("{} request of {} bytes exceeds the frame limit of {} bytes", wire::op_name(op),
+                                        frame.size(), options.limits.max_frame_bytes));
+  }
+  std::optional<wire::Mac> mac;
+  if (security.enabled()) mac = security.authenticator->sign(wire::FrameKind::request, frame);
+
+  // A lane whose peer is down takes no frame (immediate): the request waits here,
+  // as it would in the I/O thread's outbox, until it can go or its deadline passes.
+  while (!detail::send_frames(lane.socket, nullptr, frame, mac ? &*mac : nullptr)) {
+    Status ready = wait_on_lane(lane, ZMQ_POLLOUT, deadline);
+    if (ready.code() == StatusCode::timeout) {
+      timeouts.add();
+      return timeout_error(timeout_text(lane.address, op, timeout, false));
+    }
+    if (!ready) return ready;
+  }
+  sent[static_cast<std::size_t>(op)].add();
+
+  for (;;) {
+    for (std::size_t n = 0; n < kMaxRepliesPerTurn; ++n) {
+      auto message = detail::receive(lane.socket, 2);
+      if (!message) break;
+      CheckedReply checked = check_reply(lane.address, lane.replay, *message);
+      if (checked.reply && checked.reply->id == request.id) {
+        return accept_reply(lane.address, op, std::move(*checked.reply));
+      }
+      if (!checked.reply && checked.undecodable_id == request.id) {
+        return protocol_error(std::move(checked.undecodable_why));
+      }
+      // A late reply to an earlier call of this lane, which timed out.
+      if (checked.reply) unmatched_replies.add();
+    }
+    Status ready = wait_on_lane(lane, ZMQ_POLLIN, deadline);
+    if (ready.code() == StatusCode::timeout) {
+      timeouts.add();
+      return timeout_error(timeout_text(lane.address, op, timeout, true));
+    }
+    if (!ready) return ready;
+  }
 }
 
 }  // namespace ecx::control

@@ -504,13 +504,16 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   void execute_reserves(const std::vector<ReserveCommand>& reserves, Actions& more) {
-    // One reserve_batch per shard address.
+    // One reserve_batch per shard address, and one of its own for each item refused
+    // before (ReserveCommand::alone).
     struct Batch {
+      std::string address;
       std::string base;
       std::vector<wire::ReserveItem> items;
       std::vector<std::pair<std::string, int>> ids;
     };
-    std::map<std::string, Batch> batches;
+    std::vector<Batch> batches;
+    std::map<std::string, std::size_t> shared_batch;  // address -> index in batches
     for (const auto& r : reserves) {
       auto address = shard_control(r.consumer_address, r.shard);
       if (!address) {
@@ -518,12 +521,15 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
                                             reply::Refused{unavailable("consumer topology is not known")}));
         continue;
       }
-      auto& batch = batches[*address];
-      batch.base = r.consumer_address;
+      std::size_t index = batches.size();
+      if (!r.alone) index = shared_batch.try_emplace(*address, batches.size()).first->second;
+      if (index == batches.size()) batches.push_back(Batch{*address, r.consumer_address, {}, {}});
+      Batch& batch = batches[index];
       batch.items.push_back(wire::ReserveItem{r.transfer_id, r.mm_hash, r.spec, std::nullopt});
       batch.ids.emplace_back(r.transfer_id, r.shard);
     }
-    for (auto& [address, batch] : batches) {
+    for (auto& batch : batches) {
+      const std::string& address = batch.address;
       std::weak_ptr<State> weak = weak_from_this();
       client->call_async(address, wire::ReserveBatchRequest{std::move(batch.items)}, config.control_timeout(),
                          [weak, base = batch.base, ids = std::move(batch.ids),

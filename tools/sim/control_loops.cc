@@ -90,12 +90,14 @@ void RawEchoLoop::pipelined(int window) {
   for (int i = 0; i < window; ++i) (void)dealer_.recv(reply_, zmq::recv_flags::none);
 }
 
-Result<std::unique_ptr<ReserveLoop>> ReserveLoop::start() {
+Result<std::unique_ptr<ReserveLoop>> ReserveLoop::start(bool lanes) {
   std::unique_ptr<ReserveLoop> loop(new ReserveLoop());  // NOLINT: private constructor
   auto server = control::ControlServer::start(control::ServerOptions{}, std::make_shared<TrivialHandler>());
   if (!server) return server.status();
   loop->server_ = std::move(*server);
-  auto client = control::ControlClient::create(control::ClientOptions{});
+  control::ClientOptions client_options;
+  if (!lanes) client_options.max_lanes = 0;
+  auto client = control::ControlClient::create(client_options);
   if (!client) return client.status();
   loop->client_ = std::move(*client);
   loop->address_ = "tcp://127.0.0.1:" + std::to_string(loop->server_->port());

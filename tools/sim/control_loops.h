@@ -61,7 +61,9 @@ class RawEchoLoop {
 class ReserveLoop {
  public:
   // Starts the server and the client and connects them (hello) before any timing.
-  static Result<std::unique_ptr<ReserveLoop>> start();
+  // `lanes` false sends the blocking round trips through the client's I/O thread
+  // (ClientOptions::max_lanes 0), as asynchronous callers' requests go.
+  static Result<std::unique_ptr<ReserveLoop>> start(bool lanes = true);
   // One reserve_batch round trip; false when it failed.
   bool round_trip();
   // `window` reserve_batch requests in flight at once; returns how many failed.

@@ -1,3 +1,4 @@
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -200,6 +201,132 @@ TEST(ControlDeadlines, NobodyListeningIsATimeout) {
   auto result = client->hello(address, 100ms);
   EXPECT_EQ(result.status().code(), StatusCode::timeout);
   EXPECT_NE(result.status().message().find("could not reach"), std::string::npos) << result.status().message();
+}
+
+// ---------------------------------------------------------------- lanes (blocking calls)
+
+// A ROUTER driven by the test: it hands over each request and sends the replies it is told to.
+struct HandDrivenRouter {
+  HandDrivenRouter() : router(ctx, zmq::socket_type::router) {
+    router.set(zmq::sockopt::linger, 0);
+    router.bind("tcp://127.0.0.1:*");
+    address = router.get(zmq::sockopt::last_endpoint);
+  }
+  // The next request's routing id and decoded request; nullopt when none came within 5 s.
+  std::optional<std::pair<std::string, wire::Request>> next_request() {
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, 5000ms) != 1) return std::nullopt;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(router, std::back_inserter(parts)) || parts.size() != 2) return std::nullopt;
+    auto decoded = wire::decode_request(parts[1].to_string_view(), wire::Limits{});
+    if (!decoded) return std::nullopt;
+    return std::make_pair(parts[0].to_string(), decoded->request);
+  }
+  void answer_status(const std::string& routing_id, std::uint64_t request_id, const std::string& state) {
+    wire::Reply reply;
+    reply.id = request_id;
+    reply.op = wire::Op::status;
+    reply.body = wire::StatusReply{true, state, "h", {}, 0, std::nullopt};
+    std::string frame;
+    wire::encode_reply(reply, nullptr, frame);
+    router.send(zmq::buffer(routing_id), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+  zmq::context_t ctx;
+  zmq::socket_t router;
+  std::string address;
+};
+
+TEST_F(ControlRoundTrip, BlockingCallsGoOverALaneThatIsKeptForTheNextCall) {
+  ASSERT_TRUE(client->hello(address, 2s).is_ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->reserve_batch(address, {item("t-" + std::to_string(i))}, 2s).is_ok());
+  auto status = client->status(address, "t-9", 2s);
+  ASSERT_TRUE(status.is_ok()) << status.status().to_string();
+  EXPECT_EQ(status->state, "t-9");
+  const auto c = client->counters();
+  EXPECT_EQ(c.lane_calls, 5u);
+  EXPECT_EQ(c.lanes_opened, 1u) << "one lane, reused";
+  EXPECT_EQ(c.peers_opened, 0u) << "the I/O thread's socket was never needed";
+  EXPECT_EQ(c.sent[static_cast<int>(wire::Op::reserve_batch)], 3u);
+  EXPECT_EQ(c.replies_ok, 5u);
+  EXPECT_EQ(handler->reservation_count(), 3u);
+}
+
+TEST(ControlLanes, ALateReplyIsDroppedAndTheNextCallOnTheLaneGetsItsOwn) {
+  HandDrivenRouter router;
+  auto clock = std::make_shared<ManualClock>();
+  ClientOptions o;
+  o.clock = clock;
+  auto client = testing::must(ControlClient::create(o));
+
+  auto lost = std::async(std::launch::async, [&] { return client->status(router.address, "first", 1s); });
+  auto first = router.next_request();
+  ASSERT_TRUE(first.has_value());
+  clock->advance(2s);  // the injected clock passes the deadline; the lane sees it within one poll
+  const auto timed_out = lost.get();
+  EXPECT_EQ(timed_out.status().code(), StatusCode::timeout) << timed_out.status().to_string();
+  EXPECT_NE(timed_out.status().message().find("no reply from"), std::string::npos) << timed_out.status().message();
+
+  auto answered = std::async(std::launch::async, [&] { return client->status(router.address, "second", 60s); });
+  auto second = router.next_request();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->first, first->first) << "the same lane";
+  router.answer_status(first->first, first->second.id, "late");  // must be dropped, not matched
+  router.answer_status(second->first, second->second.id, "answered");
+  auto status = answered.get();
+  ASSERT_TRUE(status.is_ok()) << status.status().to_string();
+  EXPECT_EQ(status->state, "answered");
+  const auto c = client->counters();
+  EXPECT_EQ(c.timeouts, 1u);
+  EXPECT_EQ(c.unmatched_replies, 1u);
+  EXPECT_EQ(c.lanes_opened, 1u);
+}
+
+TEST(ControlLanes, CloseEndsABlockingCallInFlightWithCancelled) {
+  HandDrivenRouter router;
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto call = std::async(std::launch::async, [&] { return client->hello(router.address, 60s); });
+  ASSERT_TRUE(router.next_request().has_value()) << "the call is in flight";
+  client->close();
+  ASSERT_EQ(call.wait_for(10s), std::future_status::ready) << "close() waits for the lane, not for the 60 s deadline";
+  EXPECT_EQ(call.get().status().code(), StatusCode::cancelled);
+  EXPECT_EQ(client->hello(router.address, 1s).status().code(), StatusCode::cancelled) << "refused after close";
+}
+
+TEST_F(ControlRoundTrip, ManyBlockingCallersShareFewLanesAndEachGetsItsOwnReply) {
+  ClientOptions o;
+  o.max_lanes = 2;  // fewer lanes than callers: the others take the I/O thread's way
+  auto shared = testing::must(ControlClient::create(o));
+  constexpr int kThreads = 6;
+  constexpr int kCalls = 100;
+  std::atomic<int> matched{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const std::string id = "t-" + std::to_string(t) + "-" + std::to_string(i);
+        auto status = shared->status(address, id, 30s);
+        if (status && status->state == id) matched.fetch_add(1);
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(matched.load(), kThreads * kCalls);
+  const auto c = shared->counters();
+  EXPECT_LE(c.lanes_opened, 2u);
+  EXPECT_GT(c.lane_calls, 0u) << "the lanes served calls";
+  EXPECT_EQ(c.replies_ok, static_cast<std::uint64_t>(kThreads * kCalls));
+  EXPECT_EQ(c.unmatched_replies, 0u);
+}
+
+TEST_F(ControlRoundTrip, LanesOffSendsBlockingCallsThroughTheIoThread) {
+  ClientOptions o;
+  o.max_lanes = 0;
+  auto plain = testing::must(ControlClient::create(o));
+  ASSERT_TRUE(plain->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+  const auto c = plain->counters();
+  EXPECT_EQ(c.lane_calls, 0u);
+  EXPECT_EQ(c.peers_opened, 1u);
 }
 
 TEST(ControlRestart, ARestartedServerIsReachedAgainBySameClient) {

@@ -233,6 +233,22 @@ TEST(Push, RetryAfterIsRetriedUntilItFits) {
   EXPECT_EQ(f.m.counters().retry_afters, 1u);
 }
 
+// A refused shard asks again in a request of its own, so the consumer can hold it
+// until it fits; a first ask is batched with the others.
+TEST(Push, AShardRefusedBeforeAsksAgainAlone) {
+  Fixture f;
+  auto first = f.start(push("t"), 2);
+  ASSERT_EQ(first.reserves.size(), 2u);
+  for (const auto& r : first.reserves) EXPECT_FALSE(r.alone);
+  f.m.on_reserve_reply("t", 0, writer());
+  f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms});
+  f.clock->advance(5ms);
+  auto again = f.m.tick();
+  ASSERT_EQ(again.reserves.size(), 1u);
+  EXPECT_EQ(again.reserves[0].shard, 1);
+  EXPECT_TRUE(again.reserves[0].alone);
+}
+
 // A shard refused again and again backs off: the consumer's delay the first time, then
 // twice as long each time (a uniform draw from the upper half of it), up to
 // retry_backoff_max; a reservation still ends it.
