@@ -115,7 +115,8 @@ Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& hos
              {"prefault", true},
              {"push_wait_timeout_s", 60},
              {"control_timeout_s", 10},
-             {"shutdown_drain_timeout_s", 5}};
+             {"shutdown_drain_timeout_s", 5},
+             {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
   json doc{{"ec_role", role_name(role)}, {"ec_ip", host},
            {"ec_port", control_port},    {"ec_buffer_size", o.pool_size},
            {"ec_buffer_device", "cpu"},  {"ec_connector_extra_config", extra}};
@@ -436,6 +437,8 @@ int run_all(const E2eOptions& o) {
                                      role,
                                      flag,
                                      fmt::format("127.0.0.1:{}", port),
+                                     "--transport",
+                                     std::string(data_link_name(o.transport)),
                                      "--sizes",
                                      o.sizes_text,
                                      "--window",
@@ -565,7 +568,10 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--tp", o->tp, "consumer tensor-parallel size")->capture_default_str()->check(CLI::Range(1, 16));
-  add_data_link_option(cmd, o->transport, "UCX transport with --role all (tcp or shm)", /*ucx_only=*/true);
+  add_data_link_option(cmd, o->transport,
+                       "UCX transport: with --role all it sets UCX_TLS (tcp or shm); with --role consumer or producer "
+                       "UCX_TLS comes from the environment and shm turns ucx_peer_errors off",
+                       /*ucx_only=*/true);
   cmd->add_option("--pool-size", o->pool_size, "each pool's size (consumer shard, producer staging)")
       ->capture_default_str();
   cmd->add_flag("--checksum,!--no-checksum", o->checksum, "verify xxHash64 checksums on landing")

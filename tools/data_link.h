@@ -32,6 +32,10 @@ inline bool uses_ucx(DataLink link) { return link != DataLink::mooncake; }
 // UCX_TLS for a UCX link (Mooncake uses TCP whatever UCX_TLS says).
 inline std::string_view ucx_tls(DataLink link) { return link == DataLink::shm ? "sm,self" : "tcp"; }
 
+// The `ucx_peer_errors` a UCX link needs: UCX 1.13's shared-memory transports cannot
+// run with peer error handling (docs/configuration.md).
+inline bool ucx_peer_errors(DataLink link) { return link != DataLink::shm; }
+
 // The `transport` configuration key a link maps to.
 inline std::string_view config_transport(DataLink link) { return uses_ucx(link) ? "ucx" : "mooncake"; }
 

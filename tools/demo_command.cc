@@ -84,7 +84,10 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
              {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}};
   extra["transport"] = config_transport(o.transport);  // Mooncake's library: ECX_MOONCAKE_LIB
-  if (uses_ucx(o.transport)) extra["ucx_mode"] = o.ucx_mode;
+  if (uses_ucx(o.transport)) {
+    extra["ucx_mode"] = o.ucx_mode;
+    extra["ucx_peer_errors"] = ucx_peer_errors(o.transport);
+  }
   // A soak judges growth: pool pages touched for the first time late in the run (a
   // best-fit allocator reaches the far end of a pool only now and then) are not one.
   if (o.duration_s > 0) extra["prefault"] = true;

@@ -5,14 +5,35 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "ecx/core/sanitizers.h"
 
 namespace ecx::transport::ucx {
+
+namespace {
+
+// Whether a UCX_TLS list names shared-memory transports only. A list that excludes
+// ('^...') or is empty leaves UCX to choose among all it has.
+bool only_shared_memory(std::string_view tls) {
+  if (tls.empty() || tls.front() == '^') return false;
+  static constexpr std::array<std::string_view, 9> kShared = {"sm",  "shm", "mm",   "posix", "sysv",
+                                                              "xpmem", "cma", "knem", "self"};
+  while (!tls.empty()) {
+    const auto comma = tls.find(',');
+    const std::string_view name = tls.substr(0, comma);
+    if (std::find(kShared.begin(), kShared.end(), name) == kShared.end()) return false;
+    tls = comma == std::string_view::npos ? std::string_view{} : tls.substr(comma + 1);
+  }
+  return true;
+}
+
+}  // namespace
 
 UcxWorker::~UcxWorker() {
   stop();
@@ -36,6 +57,16 @@ Status UcxWorker::open(std::size_t required_am_header) {
   const char* env_tls = std::getenv("UCX_TLS");
   const std::string tls = !options_.tls.empty() ? options_.tls : (env_tls != nullptr ? env_tls : "");
   const bool may_use_tcp = tls.empty() || tls.find("tcp") != std::string::npos || tls.find("all") != std::string::npos;
+  if (options_.peer_error_handling && only_shared_memory(tls)) {
+    // Said here, at start: otherwise every connection fails later with UCX's
+    // "Destination is unreachable" and nothing names the cause.
+    ucp_config_release(config);
+    return invalid_argument(fmt::format(
+        "UCX_TLS={} names only shared-memory transports, which UCX 1.13 cannot run with peer error handling, so no "
+        "peer could be reached: set ucx_peer_errors to false to move payloads over shared memory (a dead peer is "
+        "then noticed at its send deadline), or add tcp to UCX_TLS",
+        tls));
+  }
   if (options_.tcp_seg_size_bytes != 0 && may_use_tcp) {
     const std::string value = std::to_string(options_.tcp_seg_size_bytes);
     // UCX 1.13 passes these on to its transports by their names within the tcp

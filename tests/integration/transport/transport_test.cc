@@ -432,6 +432,31 @@ TEST(DataPlaneFactory, UcxInBothModesLetsTheReceiverChooseTheLanding) {
   }
 }
 
+// UCX 1.13 cannot run its shared-memory transports with peer error handling: such a
+// transport list with ucx_peer_errors on is refused at start, naming the key to change,
+// instead of failing every connection later as "unreachable".
+TEST(DataPlaneFactory, SharedMemoryOnlyWithPeerErrorsIsRefusedAtStartNamingTheKey) {
+  for (const char* tls : {"sm,self", "posix,cma,self"}) {
+    UcxOptions options;
+    options.tls = tls;
+    options.peer_error_handling = true;
+    auto refused = create_ucx_transport(options);
+    ASSERT_FALSE(refused) << tls;
+    EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(refused.status().message().find("set ucx_peer_errors to false"), std::string::npos)
+        << refused.status().to_string();
+    options.peer_error_handling = false;
+    auto created = create_ucx_transport(options);
+    EXPECT_TRUE(created) << tls << ": " << created.status().to_string();
+  }
+  for (const char* tls : {"tcp", "sm,tcp,self", "^tcp", ""}) {
+    UcxOptions options;
+    options.tls = tls;
+    auto created = create_ucx_transport(options);
+    EXPECT_TRUE(created) << "'" << tls << "': " << created.status().to_string();
+  }
+}
+
 TEST(DataPlaneFactory, UnknownBackendOrMooncakeProtocolIsRefusedByName) {
   Config config;
   config.transport = "carrier-pigeon";
