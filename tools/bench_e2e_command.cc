@@ -111,12 +111,9 @@ Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& hos
   // Both pools are touched at start (what a deployment should do, see prefault in
   // docs/configuration.md): a landing's first touch of a pool page is no part of
   // what the bench measures.
-  json extra{{"checksum", o.checksum},
-             {"prefault", true},
-             {"push_wait_timeout_s", 60},
-             {"control_timeout_s", 10},
-             {"shutdown_drain_timeout_s", 5},
-             {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
+  json extra{{"checksum", o.checksum},        {"prefault", true},
+             {"push_wait_timeout_s", 60},     {"control_timeout_s", 10},
+             {"shutdown_drain_timeout_s", 5}, {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
   json doc{{"ec_role", role_name(role)}, {"ec_ip", host},
            {"ec_port", control_port},    {"ec_buffer_size", o.pool_size},
            {"ec_buffer_device", "cpu"},  {"ec_connector_extra_config", extra}};

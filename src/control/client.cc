@@ -669,9 +669,9 @@ Result<wire::Reply> ControlClient::State::accept_reply(const std::string& addres
 
 std::string ControlClient::State::timeout_text(const std::string& address, wire::Op op, Duration timeout,
                                                bool was_sent) const {
-  return was_sent ? fmt::format("no reply from {} to {} within {} ms", address, wire::op_name(op), as_ms(timeout))
-                  : fmt::format("could not reach {} within {} ms ({} not sent)", address, as_ms(timeout),
-                                wire::op_name(op));
+  return was_sent
+             ? fmt::format("no reply from {} to {} within {} ms", address, wire::op_name(op), as_ms(timeout))
+             : fmt::format("could not reach {} within {} ms ({} not sent)", address, as_ms(timeout), wire::op_name(op));
 }
 
 void ControlClient::State::on_reply(Peer& peer, detail::Message& message) {
@@ -756,8 +756,7 @@ void ControlClient::State::shutdown() {
 
 // ---------------------------------------------------------------- lanes (caller threads)
 
-Result<wire::Reply> ControlClient::State::call_blocking(std::string address, wire::RequestBody body,
-                                                        Duration timeout) {
+Result<wire::Reply> ControlClient::State::call_blocking(std::string address, wire::RequestBody body, Duration timeout) {
   if (timeout <= Duration::zero()) timeout = options.default_timeout;
   std::unique_ptr<Lane> lane;
   if (!stopping.load(std::memory_order_acquire) && detail::parse_tcp_endpoint(address)) lane = take_lane(address);

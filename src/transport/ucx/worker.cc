@@ -22,7 +22,7 @@ namespace {
 // ('^...') or is empty leaves UCX to choose among all it has.
 bool only_shared_memory(std::string_view tls) {
   if (tls.empty() || tls.front() == '^') return false;
-  static constexpr std::array<std::string_view, 9> kShared = {"sm",  "shm", "mm",   "posix", "sysv",
+  static constexpr std::array<std::string_view, 9> kShared = {"sm",    "shm", "mm",   "posix", "sysv",
                                                               "xpmem", "cma", "knem", "self"};
   while (!tls.empty()) {
     const auto comma = tls.find(',');
