@@ -557,7 +557,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         continue;
       }
       if (auto matches = landing_matches(hello); !matches) {
-        more.append(pushes.on_payload_result(p.transfer_id, p.shard, std::move(matches)));
+        more.append(pushes.on_payload_result(p.transfer_id, p.shard, matches));
         continue;
       }
       if (one_sided) {

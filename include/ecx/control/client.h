@@ -74,8 +74,8 @@ struct ClientCounters {
   std::uint64_t peers_closed = 0;
   std::uint64_t discoveries_ok = 0;
   std::uint64_t discoveries_failed = 0;
-  std::uint64_t lane_calls = 0;       // blocking calls that went over a lane
-  std::uint64_t lanes_opened = 0;     // lane sockets opened (a lane is kept for the next call)
+  std::uint64_t lane_calls = 0;    // blocking calls that went over a lane
+  std::uint64_t lanes_opened = 0;  // lane sockets opened (a lane is kept for the next call)
 };
 
 class ControlClient {

@@ -57,7 +57,7 @@ struct UcxOptions {
   // UCX's TCP transport moves rendezvous data in segments of this size (UCX's own
   // default is 64 KiB: one send and one receive call per 64 KiB). 0 = UCX's default.
   // UCX_TCP_RX_SEG_SIZE / UCX_TCP_TX_SEG_SIZE in the environment take precedence.
-  std::uint64_t tcp_seg_size_bytes = 256 * 1024;
+  std::uint64_t tcp_seg_size_bytes = 256ULL * 1024;
   std::shared_ptr<const Clock> clock;  // null = SteadyClock::shared()
 
   LandingResolver resolver;             // required to receive
