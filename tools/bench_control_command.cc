@@ -126,28 +126,22 @@ int run_control_bench(const ControlBenchOptions& o) {
                     {"per_s", zb.per_s},
                     {"p50_us", zb.p50_us},
                     {"p99_us", zb.p99_us}});
-  series.push_back({{"series", "ecx_reserve_blocking"},
-                    {"size_bytes", echo.frame_bytes()},
-                    {"window", 1},
-                    {"per_s", eb.per_s},
-                    {"p50_us", eb.p50_us},
-                    {"p99_us", eb.p99_us},
-                    {"failures", eb.failures},
-                    {"ratio_vs_zmq_per_s", eb.per_s / zb.per_s},
-                    {"ratio_vs_zmq_p50", eb.p50_us / zb.p50_us},
-                    {"ratio_vs_zmq_p99", eb.p99_us / zb.p99_us}});
+  auto blocking_series = [&](const char* name, const Figures& f) {
+    series.push_back({{"series", name},
+                      {"size_bytes", echo.frame_bytes()},
+                      {"window", 1},
+                      {"per_s", f.per_s},
+                      {"p50_us", f.p50_us},
+                      {"p99_us", f.p99_us},
+                      {"failures", f.failures},
+                      {"ratio_vs_zmq_per_s", f.per_s / zb.per_s},
+                      {"ratio_vs_zmq_p50", f.p50_us / zb.p50_us},
+                      {"ratio_vs_zmq_p99", f.p99_us / zb.p99_us}});
+  };
+  blocking_series("ecx_reserve_blocking", eb);
   // The same blocking calls handed to the client's I/O thread and back (no lane):
   // what the two thread hand-offs cost, which asynchronous callers still pay.
-  series.push_back({{"series", "ecx_reserve_blocking_io_thread"},
-                    {"size_bytes", echo.frame_bytes()},
-                    {"window", 1},
-                    {"per_s", ei.per_s},
-                    {"p50_us", ei.p50_us},
-                    {"p99_us", ei.p99_us},
-                    {"failures", ei.failures},
-                    {"ratio_vs_zmq_per_s", ei.per_s / zb.per_s},
-                    {"ratio_vs_zmq_p50", ei.p50_us / zb.p50_us},
-                    {"ratio_vs_zmq_p99", ei.p99_us / zb.p99_us}});
+  blocking_series("ecx_reserve_blocking_io_thread", ei);
   series.push_back({{"series", "zmq_echo_pipelined"},
                     {"size_bytes", echo.frame_bytes()},
                     {"window", o.window},

@@ -128,6 +128,20 @@ struct ControlClient::State {
 
   // Sockets and replies, for the I/O thread and the lanes alike.
   std::optional<zmq::socket_t> open_dealer(const std::string& address, Status& error);
+  // A Peer or a Lane: its socket, and its stamps and replay guard when authenticating.
+  template <typename Connection>
+  std::unique_ptr<Connection> open_connection(const std::string& address, Status& error) {
+    auto socket = open_dealer(address, error);
+    if (!socket) return nullptr;
+    auto connection = std::make_unique<Connection>();
+    connection->address = address;
+    connection->socket = std::move(*socket);
+    if (security.enabled()) {
+      connection->stamps.emplace(options.wall_clock);
+      connection->replay.emplace(wire::ReplayGuard::Options{}, options.wall_clock);
+    }
+    return connection;
+  }
   CheckedReply check_reply(const std::string& address, std::optional<wire::ReplayGuard>& replay,
                            detail::Message& message);
   Result<wire::Reply> accept_reply(const std::string& address, wire::Op op, wire::Reply reply);
@@ -500,15 +514,8 @@ ControlClient::State::Peer* ControlClient::State::peer_for(const std::string& ad
     peers.erase(victim);
     peers_closed.add();
   }
-  auto socket = open_dealer(address, error);
-  if (!socket) return nullptr;
-  auto peer = std::make_unique<Peer>();
-  peer->address = address;
-  peer->socket = std::move(*socket);
-  if (security.enabled()) {
-    peer->stamps.emplace(options.wall_clock);
-    peer->replay.emplace(wire::ReplayGuard::Options{}, options.wall_clock);
-  }
+  auto peer = open_connection<Peer>(address, error);
+  if (!peer) return nullptr;
   peers_opened.add();
   Peer* raw = peer.get();
   peers.emplace(address, std::move(peer));
@@ -799,17 +806,10 @@ std::unique_ptr<ControlClient::State::Lane> ControlClient::State::take_lane(cons
   lock.unlock();
 
   Status error;
-  auto socket = open_dealer(address, error);
-  if (!socket) {
+  auto lane = open_connection<Lane>(address, error);
+  if (!lane) {
     return_lane(nullptr);
     return nullptr;  // the I/O thread's way reports the error
-  }
-  auto lane = std::make_unique<Lane>();
-  lane->address = address;
-  lane->socket = std::move(*socket);
-  if (security.enabled()) {
-    lane->stamps.emplace(options.wall_clock);
-    lane->replay.emplace(wire::ReplayGuard::Options{}, options.wall_clock);
   }
   lanes_opened.add();
   return lane;
