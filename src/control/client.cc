@@ -56,12 +56,17 @@ struct ControlClient::State {
     std::optional<wire::Mac> mac;
     bool sent = false;
   };
-  struct Peer {
+  // One DEALER to one server address. A blocking call uses one alone, as a lane (see
+  // the header); the I/O thread's Peer adds its queue of requests.
+  struct Connection {
     std::string address;
     zmq::socket_t socket;
-    std::deque<std::uint64_t> outbox;  // ids in send order
     std::optional<wire::StampIssuer> stamps;
     std::optional<wire::ReplayGuard> replay;
+  };
+  using Lane = Connection;
+  struct Peer : Connection {
+    std::deque<std::uint64_t> outbox;  // ids in send order
     std::size_t in_flight = 0;
     TimePoint last_used;
   };
@@ -71,13 +76,6 @@ struct ControlClient::State {
     wire::Request request;
     Duration timeout{};
     ReplyCallback done;
-  };
-  // A socket for blocking calls, used by one caller at a time (see the header).
-  struct Lane {
-    std::string address;
-    zmq::socket_t socket;
-    std::optional<wire::StampIssuer> stamps;
-    std::optional<wire::ReplayGuard> replay;
   };
   // A reply message once its MAC, encoding and freshness are checked; what is
   // dropped was counted and logged.
@@ -124,16 +122,15 @@ struct ControlClient::State {
   void fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
                FanOutCallback done);
   void discover(const std::string& base, Duration timeout, const TopologyCallback& done, int attempt);
-  Result<wire::Reply> call_blocking(std::string address, wire::RequestBody body, Duration timeout);
 
   // Sockets and replies, for the I/O thread and the lanes alike.
   std::optional<zmq::socket_t> open_dealer(const std::string& address, Status& error);
   // A Peer or a Lane: its socket, and its stamps and replay guard when authenticating.
-  template <typename Connection>
-  std::unique_ptr<Connection> open_connection(const std::string& address, Status& error) {
+  template <typename T>
+  std::unique_ptr<T> open_connection(const std::string& address, Status& error) {
     auto socket = open_dealer(address, error);
     if (!socket) return nullptr;
-    auto connection = std::make_unique<Connection>();
+    auto connection = std::make_unique<T>();
     connection->address = address;
     connection->socket = std::move(*socket);
     if (security.enabled()) {
@@ -145,13 +142,20 @@ struct ControlClient::State {
   CheckedReply check_reply(const std::string& address, std::optional<wire::ReplayGuard>& replay,
                            detail::Message& message);
   Result<wire::Reply> accept_reply(const std::string& address, wire::Op op, wire::Reply reply);
-  std::string timeout_text(const std::string& address, wire::Op op, Duration timeout, bool sent) const;
+  std::string timeout_text(const std::string& address, wire::Op op, Duration timeout, bool was_sent) const;
 
   // Lanes (caller threads).
+  // A lane for `address`; nullptr when lanes are off or all busy, the client is
+  // stopping or the address is not one (the I/O thread's way answers those).
   std::unique_ptr<Lane> take_lane(const std::string& address);
   void return_lane(std::unique_ptr<Lane> lane);
-  Result<wire::Reply> call_on_lane(Lane& lane, wire::RequestBody body, Duration timeout);
-  Status wait_on_lane(Lane& lane, short events, TimePoint deadline);
+  // The whole blocking call over `lane`, which it returns when done.
+  Result<wire::Reply> call_on_lane(std::unique_ptr<Lane> lane, wire::RequestBody body, Duration timeout);
+  Result<wire::Reply> exchange_on_lane(Lane& lane, wire::RequestBody body, Duration timeout);
+  // Ok once the lane's socket is ready for `events`; cancelled when closing; at the
+  // deadline the call's timeout error (counted).
+  Status wait_on_lane(Lane& lane, std::vector<zmq_pollitem_t>& items, short events, TimePoint deadline, wire::Op op,
+                      Duration timeout, bool was_sent);
   void close_lanes();
 
   void run() noexcept;
@@ -252,7 +256,10 @@ std::future<Result<wire::Reply>> ControlClient::call(std::string address, wire::
 }
 
 Result<wire::Reply> ControlClient::call_blocking(std::string address, wire::RequestBody body, Duration timeout) {
-  return state_->call_blocking(std::move(address), std::move(body), timeout);
+  if (timeout <= Duration::zero()) timeout = state_->options.default_timeout;
+  auto lane = state_->take_lane(address);
+  if (!lane) return call(std::move(address), std::move(body), timeout).get();
+  return state_->call_on_lane(std::move(lane), std::move(body), timeout);
 }
 
 Result<wire::HelloReply> ControlClient::hello(const std::string& address, Duration timeout) {
@@ -763,19 +770,8 @@ void ControlClient::State::shutdown() {
 
 // ---------------------------------------------------------------- lanes (caller threads)
 
-Result<wire::Reply> ControlClient::State::call_blocking(std::string address, wire::RequestBody body, Duration timeout) {
-  if (timeout <= Duration::zero()) timeout = options.default_timeout;
-  std::unique_ptr<Lane> lane;
-  if (!stopping.load(std::memory_order_acquire) && detail::parse_tcp_endpoint(address)) lane = take_lane(address);
-  if (!lane) {
-    // No lane (all busy, lanes off, or a call that is refused anyway): the I/O
-    // thread's way, which also gives every refusal its usual answer.
-    std::promise<Result<wire::Reply>> promise;
-    auto future = promise.get_future();
-    submit(std::move(address), std::move(body), timeout,
-           [&promise](Result<wire::Reply> reply) { promise.set_value(std::move(reply)); });
-    return future.get();
-  }
+Result<wire::Reply> ControlClient::State::call_on_lane(std::unique_ptr<Lane> lane, wire::RequestBody body,
+                                                       Duration timeout) {
   if (admitted.fetch_add(1, std::memory_order_acq_rel) >= options.max_in_flight) {
     admitted.fetch_sub(1, std::memory_order_acq_rel);
     rejected_calls.add();
@@ -783,15 +779,18 @@ Result<wire::Reply> ControlClient::State::call_blocking(std::string address, wir
     return resource_exhausted(fmt::format("{} control requests already in flight", options.max_in_flight));
   }
   lane_calls.add();
-  auto result = call_on_lane(*lane, std::move(body), timeout);
+  auto result = exchange_on_lane(*lane, std::move(body), timeout);
   admitted.fetch_sub(1, std::memory_order_acq_rel);
   return_lane(std::move(lane));
   return result;
 }
 
 std::unique_ptr<ControlClient::State::Lane> ControlClient::State::take_lane(const std::string& address) {
+  if (options.max_lanes == 0 || stopping.load(std::memory_order_acquire) || !detail::parse_tcp_endpoint(address)) {
+    return nullptr;
+  }
   std::unique_lock lock(lanes_mutex);
-  if (options.max_lanes == 0 || stopping.load(std::memory_order_acquire)) return nullptr;
+  if (stopping.load(std::memory_order_acquire)) return nullptr;
   for (auto it = idle_lanes.rbegin(); it != idle_lanes.rend(); ++it) {
     if ((*it)->address != address) continue;
     std::unique_ptr<Lane> lane = std::move(*it);
@@ -835,12 +834,16 @@ void ControlClient::State::close_lanes() {
   idle_lanes.clear();
 }
 
-Status ControlClient::State::wait_on_lane(Lane& lane, short events, TimePoint deadline) {
-  std::vector<zmq_pollitem_t> items{{lane.socket.handle(), 0, events, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}};
+Status ControlClient::State::wait_on_lane(Lane& lane, std::vector<zmq_pollitem_t>& items, short events,
+                                          TimePoint deadline, wire::Op op, Duration timeout, bool was_sent) {
+  items[0].events = events;
   for (;;) {
     if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
     const TimePoint now = options.clock->now();
-    if (now >= deadline) return timeout_error("deadline");
+    if (now >= deadline) {
+      timeouts.add();
+      return timeout_error(timeout_text(lane.address, op, timeout, was_sent));
+    }
     if (detail::poll(items, detail::poll_timeout_ms(now, deadline, kMaxPollWait)) < 0) {
       return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
     }
@@ -849,7 +852,7 @@ Status ControlClient::State::wait_on_lane(Lane& lane, short events, TimePoint de
   }
 }
 
-Result<wire::Reply> ControlClient::State::call_on_lane(Lane& lane, wire::RequestBody body, Duration timeout) {
+Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::RequestBody body, Duration timeout) {
   wire::Request request;
   request.id = next_id.fetch_add(1, std::memory_order_relaxed);
   request.timeout_ms = static_cast<std::uint32_t>(std::clamp<long long>(as_ms(timeout), 1, 0xffffffffLL));
@@ -869,15 +872,12 @@ Result<wire::Reply> ControlClient::State::call_on_lane(Lane& lane, wire::Request
   std::optional<wire::Mac> mac;
   if (security.enabled()) mac = security.authenticator->sign(wire::FrameKind::request, frame);
 
+  // Built once per call: the lane's socket and the close signal.
+  std::vector<zmq_pollitem_t> items{{lane.socket.handle(), 0, 0, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}};
   // A lane whose peer is down takes no frame (immediate): the request waits here,
   // as it would in the I/O thread's outbox, until it can go or its deadline passes.
   while (!detail::send_frames(lane.socket, nullptr, frame, mac ? &*mac : nullptr)) {
-    Status ready = wait_on_lane(lane, ZMQ_POLLOUT, deadline);
-    if (ready.code() == StatusCode::timeout) {
-      timeouts.add();
-      return timeout_error(timeout_text(lane.address, op, timeout, false));
-    }
-    if (!ready) return ready;
+    if (Status ready = wait_on_lane(lane, items, ZMQ_POLLOUT, deadline, op, timeout, false); !ready) return ready;
   }
   sent[static_cast<std::size_t>(op)].add();
 
@@ -895,12 +895,7 @@ Result<wire::Reply> ControlClient::State::call_on_lane(Lane& lane, wire::Request
       // A late reply to an earlier call of this lane, which timed out.
       if (checked.reply) unmatched_replies.add();
     }
-    Status ready = wait_on_lane(lane, ZMQ_POLLIN, deadline);
-    if (ready.code() == StatusCode::timeout) {
-      timeouts.add();
-      return timeout_error(timeout_text(lane.address, op, timeout, true));
-    }
-    if (!ready) return ready;
+    if (Status ready = wait_on_lane(lane, items, ZMQ_POLLIN, deadline, op, timeout, true); !ready) return ready;
   }
 }
 

@@ -155,7 +155,11 @@ class EncoderCache {
     Entry entry;
     entry.nbytes = nbytes;
     std::byte* data = nullptr;
-    if (auto slot = arena_ ? allocator_.allocate(nbytes) : Result<pool::Slot>(unavailable("no arena")); slot) {
+    std::optional<pool::Slot> slot;
+    if (arena_) {
+      if (auto carved = allocator_.allocate(nbytes)) slot = *carved;
+    }
+    if (slot) {
       entry.slot = *slot;
       data = arena_->data() + slot->offset;
     } else {
