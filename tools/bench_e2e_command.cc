@@ -57,6 +57,7 @@ struct E2eOptions {
   bool baseline = true;
   double phase_timeout_s = 300;
   std::string json_file;
+  std::string extra;  // a JSON object merged into ec_connector_extra_config (both roles)
 };
 
 std::atomic<bool> g_stop{false};
@@ -114,6 +115,16 @@ Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& hos
   json extra{{"checksum", o.checksum},        {"prefault", true},
              {"push_wait_timeout_s", 60},     {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}, {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
+  if (!o.extra.empty()) {
+    json overrides = json::parse(o.extra, nullptr, false);
+    if (overrides.is_discarded() || !overrides.is_object()) {
+      return invalid_argument(
+          fmt::format("--extra '{}': expected a JSON object of ec_connector_extra_config keys, "
+                      "e.g. '{{\"ucx_rndv_thresh\": 262144}}'",
+                      o.extra));
+    }
+    extra.update(overrides);  // parse_config names any key it does not accept
+  }
   json doc{{"ec_role", role_name(role)}, {"ec_ip", host},
            {"ec_port", control_port},    {"ec_buffer_size", o.pool_size},
            {"ec_buffer_device", "cpu"},  {"ec_connector_extra_config", extra}};
@@ -414,6 +425,11 @@ int run_all(const E2eOptions& o) {
     std::cerr << "ecx bench e2e: " << phases.status().message() << "\n";
     return 2;
   }
+  // A bad --extra is reported here, once, not by each role process.
+  if (auto config = e2e_config(o, Role::consumer, "127.0.0.1", 1); !config) {
+    std::cerr << "ecx bench e2e: " << config.status().message() << "\n";
+    return 2;
+  }
   const int port = sim::free_port_block(static_cast<int>(phases->size()) * (o.tp + 1));
   if (port == 0) {
     std::cerr << "ecx bench e2e: no free block of ports on 127.0.0.1\n";
@@ -449,6 +465,7 @@ int run_all(const E2eOptions& o) {
                                      o.checksum ? "--checksum" : "--no-checksum"};
     if (o.count) argv.insert(argv.end(), {"--count", std::to_string(o.count)});
     if (o.latency_count) argv.insert(argv.end(), {"--latency-count", std::to_string(o.latency_count)});
+    if (!o.extra.empty()) argv.insert(argv.end(), {"--extra", o.extra});
     return argv;
   };
   const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
@@ -579,6 +596,9 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 86400.0));
   cmd->add_option("--json", o->json_file, "write the series as a JSON list to FILE");
+  cmd->add_option("--extra", o->extra,
+                  "JSON object merged into both roles' ec_connector_extra_config, e.g. '{\"ucx_rndv_thresh\": 262144}' "
+                  "(the transport_raw baseline keeps its defaults)");
   cmd->callback([&run, o] {
     run = [o] {
       std::signal(SIGINT, on_signal);

@@ -1,4 +1,5 @@
 #include "ecx/control/client.h"
+#include "ecx/core/thread_name.h"
 
 #include <condition_variable>
 #include <deque>
@@ -184,7 +185,10 @@ Result<std::unique_ptr<ControlClient>> ControlClient::create(ClientOptions optio
   state->options = std::move(options);
   state->security = std::move(*security);
   State* raw = state.get();
-  state->thread = std::thread([raw] { raw->run(); });
+  state->thread = std::thread([raw] {
+    name_this_thread("ecx-ctl-client");
+    raw->run();
+  });
   return std::unique_ptr<ControlClient>(new ControlClient(std::move(state)));
 }
 

@@ -1,4 +1,5 @@
 #include "ecx/control/server.h"
+#include "ecx/core/thread_name.h"
 
 #include <algorithm>
 #include <deque>
@@ -179,7 +180,10 @@ Result<std::unique_ptr<ControlServer>> ControlServer::start(ServerOptions option
   s.next_tick = s.options.clock->now() + s.options.tick_interval;
   s.log->info("control channel listening on {} (events {}), shard {}/{}{}", s.control_endpoint, s.event_endpoint,
               s.options.tp_rank, s.options.tp_size, s.security.enabled() ? ", authenticated" : "");
-  s.thread = std::thread([&s] { s.run(); });
+  s.thread = std::thread([&s] {
+    name_this_thread("ecx-ctl-server");
+    s.run();
+  });
   return std::unique_ptr<ControlServer>(new ControlServer(std::move(state)));
 }
 

@@ -326,9 +326,10 @@ const std::vector<KeySpec>& key_table() {
           "in pieces of this size; UCX's own default, 64 KiB, costs a send and a receive call per 64 KiB. 0 leaves "
           "UCX's default; those variables in the environment take precedence.",
           set_bytes(&Config::ucx_tcp_seg_size, 0, 64ULL << 20));
-    extra("ucx_rndv_thresh", "bytes", "8192",
+    extra("ucx_rndv_thresh", "bytes", "131072",
           "Payloads of at least this many bytes are sent with rendezvous (UCX receives them straight into the slot); "
-          "smaller ones eagerly (copied once on landing). 0 lets UCX decide (UCX_RNDV_THRESH).",
+          "smaller ones eagerly, in one message without the rendezvous handshake (copied once on landing). 0 lets "
+          "UCX decide (UCX_RNDV_THRESH).",
           set_bytes(&Config::ucx_rndv_thresh, 0, 1ULL << 30));
     extra("mooncake_protocol", "enum", "tcp", "Mooncake protocol when transport is mooncake: tcp or rdma.",
           set_enum(&Config::mooncake_protocol, {"tcp", "rdma"}));

@@ -1,4 +1,5 @@
 #include "ecx/core/metrics_server.h"
+#include "ecx/core/thread_name.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -66,7 +67,10 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const Registry& regi
 }
 
 MetricsServer::MetricsServer(const Registry& registry, int listen_fd, int port)
-    : registry_(registry), listen_fd_(listen_fd), port_(port), thread_([this] { serve(); }) {}
+    : registry_(registry), listen_fd_(listen_fd), port_(port), thread_([this] {
+        name_this_thread("ecx-metrics");
+        serve();
+      }) {}
 
 MetricsServer::~MetricsServer() { stop(); }
 

@@ -1,4 +1,5 @@
 #include "ecx/producer/push_engine.h"
+#include "ecx/core/thread_name.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -633,7 +634,10 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   auto client = control::ControlClient::create(std::move(client_options));
   if (!client) return client.status();
   state->client = std::move(*client);
-  state->dispatcher = std::thread([raw = state.get()] { raw->run(); });
+  state->dispatcher = std::thread([raw = state.get()] {
+    name_this_thread("ecx-push");
+    raw->run();
+  });
   state->log->info("producer ready: staging pool {} ({}), data plane {}", format_bytes(state->staging->capacity()),
                    pool::memory_kind_name(state->staging->memory_kind()), transport::describe_data_plane(config));
   return std::unique_ptr<PushEngine>(new PushEngine(std::move(state)));  // NOLINT: private constructor

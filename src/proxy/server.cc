@@ -15,6 +15,7 @@
 
 #include "core/logging.h"
 #include "ecx/core/config.h"
+#include "ecx/core/thread_name.h"
 #include "ecx/proxy/metrics.h"
 #include "ecx/proxy/proxy.h"
 #include "ecx/proxy/roster.h"
@@ -799,6 +800,7 @@ Status ProxyServer::start() {
   if (impl->options.probe_interval > Duration::zero()) http::spawn(impl->io, impl->probe_loop(), "health prober");
   impl->work.emplace(impl->io.get_executor());
   impl->thread = std::thread([impl] {
+    name_this_thread("ecx-proxy");
     try {
       impl->io.run();
     } catch (const std::exception& e) {

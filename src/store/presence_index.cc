@@ -1,4 +1,5 @@
 #include "ecx/store/presence_index.h"
+#include "ecx/core/thread_name.h"
 
 #include <algorithm>
 
@@ -12,8 +13,15 @@ PresenceIndex::PresenceIndex(std::shared_ptr<EmbeddingStore> lookups, std::uniqu
       feed_(std::move(feed)),
       options_(options),
       clock_(options_.clock ? options_.clock : SteadyClock::shared()),
-      confirmer_([this] { run_confirmations(); }) {
-  if (feed_) feed_thread_ = std::thread([this] { run_feed(); });
+      confirmer_([this] {
+        name_this_thread("ecx-store-conf");
+        run_confirmations();
+      }) {
+  if (feed_)
+    feed_thread_ = std::thread([this] {
+      name_this_thread("ecx-store-feed");
+      run_feed();
+    });
 }
 
 PresenceIndex::~PresenceIndex() {

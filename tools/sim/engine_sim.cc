@@ -24,6 +24,7 @@
 #include "ecx/connector/scheduler/transfer_params.h"
 #include "ecx/connector/worker/scheduler_links.h"
 #include "ecx/connector/worker/worker_coordinator.h"
+#include "ecx/core/thread_name.h"
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
 #include "ecx/store/store_config.h"
@@ -74,7 +75,11 @@ std::uint64_t thread_cpu_ns() {
 class RankThreads {
  public:
   explicit RankThreads(std::size_t ranks) {
-    for (std::size_t rank = 1; rank < ranks; ++rank) threads_.emplace_back([this, rank] { loop(rank); });
+    for (std::size_t rank = 1; rank < ranks; ++rank)
+      threads_.emplace_back([this, rank] {
+        name_this_thread(fmt::format("ecx-sim-rank{}", rank));
+        loop(rank);
+      });
   }
   ~RankThreads() {
     {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/logging.h"
+#include "ecx/core/thread_name.h"
 
 namespace ecx::scheduler {
 
@@ -21,7 +22,11 @@ bool BoundedExecutor::try_submit(std::function<void()> task) {
     if (closed_ || queue_.size() >= max_queued_) return false;
     queue_.push_back(std::move(task));
     // Threads start lazily, one per submit until the pool is full.
-    if (threads_.size() < thread_count_) threads_.emplace_back([this] { run(); });
+    if (threads_.size() < thread_count_)
+      threads_.emplace_back([this] {
+        name_this_thread("ecx-executor");
+        run();
+      });
   }
   wake_.notify_one();
   return true;

@@ -1,4 +1,5 @@
 #include "ecx/transport/mooncake_transport.h"
+#include "ecx/core/thread_name.h"
 
 #include <condition_variable>
 #include <cstdlib>
@@ -55,7 +56,10 @@ class MooncakeTransportImpl final : public MooncakeTransport {
         segment_(std::move(segment)),
         options_(std::move(options)),
         clock_(options_.clock ? options_.clock : SteadyClock::shared()) {
-    progress_ = std::thread([this] { run(); });
+    progress_ = std::thread([this] {
+      name_this_thread("ecx-mooncake");
+      run();
+    });
   }
 
   ~MooncakeTransportImpl() override {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "ecx/core/sanitizers.h"
+#include "ecx/core/thread_name.h"
 
 namespace ecx::transport::ucx {
 
@@ -133,7 +134,10 @@ Status UcxWorker::start(ProgressHooks& hooks) {
       return internal_error(fmt::format("epoll_ctl: {}", errno_text(errno)));
     }
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("ecx-ucx");
+    run();
+  });
   return Status::ok();
 }
 
