@@ -221,6 +221,7 @@ int run_producer(const DemoOptions& o) {
                    {"bytes", r->bytes},
                    {"failed_saves", r->failed_saves},
                    {"retry_afters", r->retry_afters},
+                   {"yields", r->yields},
                    {"rounds", r->rounds},
                    {"encoder_runs", r->encoder_runs},
                    {"encoder_hops_skipped", r->encoder_hops_skipped},
@@ -625,6 +626,7 @@ int run_demo(const DemoOptions& options) {
                {"invariant_error", r.value("invariant_error", std::string())},
                {"producer_failed_saves", producer_result ? producer_result->value("failed_saves", 0ULL) : 0ULL},
                {"producer_retry_afters", producer_result ? producer_result->value("retry_afters", 0ULL) : 0ULL},
+               {"producer_yields", producer_result ? producer_result->value("yields", 0ULL) : 0ULL},
                {"tp", o.tp},
                {"encoders", o.encoders},
                {"cross_encoder_cache", o.cross_encoder_cache},
@@ -688,7 +690,9 @@ int run_demo(const DemoOptions& options) {
       mark(summary["content_mismatches"] == 0));
   const bool consistent = summary["invariant_error"].get<std::string>().empty();
   row("pool bookkeeping", consistent ? "consistent" : "INCONSISTENT", mark(consistent));
-  row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()));
+  row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()),
+      fmt::format("{} reserved slots given back while a sibling shard waited",
+                  summary["producer_yields"].get<std::uint64_t>()));
   row("reserves held for space", fmt::format("{}", summary["consumer_reserves_held"].get<std::uint64_t>()),
       fmt::format("{} placed when space freed, {} answered retry at the end of the hold",
                   summary["consumer_held_reserves_placed"].get<std::uint64_t>(),

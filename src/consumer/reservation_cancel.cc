@@ -99,6 +99,13 @@ CancelOutcome ReservationCore::refresh(Record& r) {
 CancelOutcome ReservationCore::refresh_writer(Record& r) {
   switch (r.state) {
     case S::writing:
+      // Other transfers of the same content wait on this landing: giving the slot up
+      // would abandon them. Refused; the writer's reserve again finds the same
+      // reservation, its TTL re-armed, and a producer giving space back keeps it.
+      if (store_.filled_by(r.entry, r.transfer_id) && !store_.at(r.entry).followers.empty()) {
+        return CancelOutcome::rejected;
+      }
+      [[fallthrough]];
     case S::expire_pending:
       if (!writer_can_stop(r)) return CancelOutcome::deferred;  // the payload is landing right now
       close_own_write(r);

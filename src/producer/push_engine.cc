@@ -745,6 +745,9 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     counter("producer_payloads_total", "Payload sends by outcome", "ok", p.payloads_sent);
     counter("producer_payloads_total", "Payload sends by outcome", "failed", p.payloads_failed);
     counter("producer_abandons_total", "Abandon cancels sent", "", p.abandons_sent);
+    counter("producer_yields_total",
+            "Reservations given back while a sibling shard of the same push waited for space (reserved again with it)",
+            "", p.yields);
     sink.sample("producer_active_pushes", "Pushes not yet terminal", metrics::SampleType::gauge, {},
                 static_cast<double>(p.active));
     sink.sample("producer_staging_used_bytes", "Staging pool bytes held", metrics::SampleType::gauge, {},

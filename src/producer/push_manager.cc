@@ -33,7 +33,8 @@ struct Shard {
   std::uint64_t slot_offset = 0;
   TimePoint reserved_at{};
   int cancel_attempts = 0;
-  int retry_afters = 0;  // consecutive retry_afters of this shard's reserve (backoff)
+  int retry_afters = 0;    // consecutive retry_afters of this shard's reserve (backoff)
+  bool keep_slot = false;  // the consumer refused to take this slot back (others follow its landing)
   std::optional<TimeIndex::iterator> retry;
 };
 
@@ -95,7 +96,11 @@ class PushCore {
   void fail(Push& p, std::string reason, Actions& out);
   void finish(Push& p, P to, Actions& out);
   void abandon_held(Push& p, Actions& out);
-  void send_abandon(Push& p, int shard, bool refresh, Actions& out);
+  // A cancel of the shard's reservation: `to` abandoning (given up), refreshing (reserve
+  // again at once) or yielding (reserve again with a sibling that waits for space).
+  void send_cancel(Push& p, int shard, Sh to, Actions& out);
+  void yield_reserved(Push& p, Actions& out);
+  void rejoin(Push& p, int shard, Actions& out);
   void send_reserve(Push& p, int shard, Actions& out);
   void clear_retry(Shard& s);
   Duration retry_delay(Duration asked, int previous);
@@ -161,14 +166,47 @@ void PushCore::send_reserve(Push& p, int shard, Actions& out) {
                                         s.retry_afters > 0});
 }
 
-void PushCore::send_abandon(Push& p, int shard, bool refresh, Actions& out) {
+void PushCore::send_cancel(Push& p, int shard, Sh to, Actions& out) {
   Shard& s = p.shards[static_cast<std::size_t>(shard)];
-  move(p, s, refresh ? Sh::refreshing : Sh::abandoning);
+  move(p, s, to);
   s.io = true;
   ++s.cancel_attempts;
   ++io_in_flight_;
   ++counters_.abandons_sent;
-  out.cancels.push_back(CancelCommand{p.spec.transfer_id, shard, p.spec.consumer_address, s.reservation_id, refresh});
+  // A refresh ends the consumer's record as expired, so the reserve that follows is
+  // not told the transfer was cancelled.
+  out.cancels.push_back(
+      CancelCommand{p.spec.transfer_id, shard, p.spec.consumer_address, s.reservation_id, to != Sh::abandoning});
+}
+
+// A push holds every shard's space or none: while one shard waits to reserve again
+// (its rank's pool is full), the siblings holding a slot they cannot write yet give it
+// back, so that space serves other pushes meanwhile, and reserve again with it.
+void PushCore::yield_reserved(Push& p, Actions& out) {
+  for (std::size_t i = 0; i < p.shards.size(); ++i) {
+    Shard& s = p.shards[i];
+    if (s.state != Sh::reserved || s.io || s.keep_slot) continue;
+    s.cancel_attempts = 0;
+    send_cancel(p, static_cast<int>(i), Sh::yielding, out);
+  }
+}
+
+// A yielded shard reserves again when the last waiting sibling does, or at once when
+// none waits any more.
+void PushCore::rejoin(Push& p, int shard, Actions& out) {
+  std::optional<TimePoint> at;
+  for (const Shard& sibling : p.shards) {
+    if (sibling.state == Sh::retry_wait && sibling.retry && (!at || (*sibling.retry)->first > *at)) {
+      at = (*sibling.retry)->first;
+    }
+  }
+  if (!at) {
+    send_reserve(p, shard, out);
+    return;
+  }
+  Shard& s = p.shards[static_cast<std::size_t>(shard)];
+  if (!move(p, s, Sh::retry_wait)) return;
+  s.retry = retries_.emplace(*at, retry_key(p.spec.transfer_id, shard));
 }
 
 // The consumer's retry_after for the first refusal; after that exponential backoff
@@ -200,7 +238,7 @@ void PushCore::abandon_held(Push& p, Actions& out) {
     clear_retry(s);
     if (s.holds && s.state != Sh::sent) {
       s.cancel_attempts = 0;
-      send_abandon(p, static_cast<int>(i), false, out);
+      send_cancel(p, static_cast<int>(i), Sh::abandoning, out);
     } else if (s.state != Sh::sent) {
       move(p, s, Sh::released);
     }
@@ -343,7 +381,7 @@ void PushCore::step(Push& p, Actions& out) {
         // reserve again before writing.
         ++counters_.refreshes;
         s.cancel_attempts = 0;
-        send_abandon(p, static_cast<int>(i), true, out);
+        send_cancel(p, static_cast<int>(i), Sh::refreshing, out);
         refreshing = true;
       }
     }
@@ -454,6 +492,7 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
     if (p->state == P::waiting_inputs && p->deadline && at < (*p->deadline)->first) {
       move(*p, *s, Sh::retry_wait);
       s->retry = retries_.emplace(at, retry_key(tid, shard));
+      yield_reserved(*p, out);
       return out;
     }
     move(*p, *s, Sh::refused);
@@ -466,13 +505,16 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
     }
   }
   if (p->state == P::waiting_inputs) {
+    const bool sibling_waits =
+        std::any_of(p->shards.begin(), p->shards.end(), [](const Shard& x) { return x.state == Sh::retry_wait; });
+    if (sibling_waits) yield_reserved(*p, out);
     step(*p, out);
     return out;
   }
   // The push ended (failed or cancelled) while this reserve was in flight.
   if (s->holds && s->state != Sh::refused) {
     s->cancel_attempts = 0;
-    send_abandon(*p, shard, false, out);
+    send_cancel(*p, shard, Sh::abandoning, out);
   } else {
     move(*p, *s, Sh::released);
   }
@@ -540,7 +582,8 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
-  if (s == nullptr || !s->io || (s->state != Sh::abandoning && s->state != Sh::refreshing)) {
+  if (s == nullptr || !s->io ||
+      (s->state != Sh::abandoning && s->state != Sh::refreshing && s->state != Sh::yielding)) {
     ++counters_.late_replies;
     return out;
   }
@@ -554,8 +597,25 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
     }
     move(*p, *s, Sh::abandoning);  // the push ended meanwhile: the refresh was the abandon
   }
+  if (s->state == Sh::yielding) {
+    if (p->state == P::waiting_inputs) {
+      s->holds = false;
+      if (result.is_ok()) {
+        ++counters_.yields;
+        rejoin(*p, shard, out);
+      } else {
+        // Refused (other transfers follow this slot's landing) or unanswered: ask again
+        // now. The consumer answers with the reservation it still holds (or a fresh
+        // one), and this shard keeps it.
+        s->keep_slot = true;
+        send_reserve(*p, shard, out);
+      }
+      return out;
+    }
+    move(*p, *s, Sh::abandoning);  // the push ended meanwhile: the yield was the abandon
+  }
   if (!result.is_ok() && s->cancel_attempts < options_.cancel_attempts) {
-    send_abandon(*p, shard, false, out);
+    send_cancel(*p, shard, Sh::abandoning, out);
     return out;
   }
   if (!result.is_ok()) {
@@ -692,8 +752,8 @@ Status PushCore::check_invariants() const {
     for (const Shard& s : p.shards) {
       io += s.io ? 1 : 0;
       sending = sending || s.state == Sh::sending;
-      const bool io_state =
-          s.state == Sh::reserving || s.state == Sh::sending || s.state == Sh::abandoning || s.state == Sh::refreshing;
+      const bool io_state = s.state == Sh::reserving || s.state == Sh::sending || s.state == Sh::abandoning ||
+                            s.state == Sh::refreshing || s.state == Sh::yielding;
       if (io_state != s.io)
         return internal_error(fmt::format("{}: shard {} io flag out of step", tid, shard_state_name(s.state)));
     }

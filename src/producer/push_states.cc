@@ -26,9 +26,12 @@ constexpr TransitionTable<P, kPushStateCount> kTable{
 constexpr TransitionTable<Sh, kShardStateCount> kShardTable{
     {Sh::reserving, {Sh::reserved, Sh::no_write, Sh::retry_wait, Sh::refused}},
     {Sh::retry_wait, {Sh::reserving, Sh::released}},
-    {Sh::reserved, {Sh::refreshing, Sh::abandoning, Sh::sending}},
+    {Sh::reserved, {Sh::refreshing, Sh::yielding, Sh::abandoning, Sh::sending}},
     {Sh::no_write, {Sh::abandoning, Sh::released}},
     {Sh::refreshing, {Sh::reserving, Sh::abandoning}},
+    // Given back while a sibling waits: reserve again with it (or at once when it no
+    // longer waits); the push ended meanwhile: the yield was its abandon.
+    {Sh::yielding, {Sh::retry_wait, Sh::reserving, Sh::abandoning}},
     {Sh::sending, {Sh::sent, Sh::reserved}},  // a failed payload leaves the reservation ours
     {Sh::refused, {Sh::released}},
     {Sh::abandoning, {Sh::released}},
@@ -74,6 +77,8 @@ std::string_view shard_state_name(ShardState state) noexcept {
       return "no_write";
     case Sh::refreshing:
       return "refreshing";
+    case Sh::yielding:
+      return "yielding";
     case Sh::sending:
       return "sending";
     case Sh::sent:

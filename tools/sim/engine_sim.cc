@@ -886,6 +886,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   (void)worker.wait_published(std::chrono::seconds(2));  // best effort: what is left is dropped, counted
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;
+  result.yields = counters.pushes.yields;
   // Counted from the push engine: a failure after its request finished names no
   // request any more, so the worker metadata's failed_saves would miss it.
   result.failed_saves = counters.pushes.failed + counters.topology_failures + counters.staging_failures;

@@ -57,13 +57,14 @@ enum class ShardState : unsigned char {
   reserved,    // this producer must send the payload to this shard
   no_write,    // follower, already landed/cached, or cancelled by the consumer
   refreshing,  // re-reserving a destination that got old (abandon+refresh sent)
+  yielding,    // giving its reservation back while a sibling shard waits for space (refresh sent)
   sending,     // payload in flight
   sent,        // payload delivered
   refused,     // the reserve failed
   abandoning,  // abandon cancel in flight
   released,    // nothing held on the consumer for this push
 };
-inline constexpr std::size_t kShardStateCount = 10;
+inline constexpr std::size_t kShardStateCount = 11;
 std::string_view shard_state_name(ShardState state) noexcept;
 bool shard_transition_allowed(ShardState from, ShardState to) noexcept;
 
@@ -160,6 +161,9 @@ struct PushCounters {
   std::uint64_t cancelled = 0;
   std::uint64_t retry_afters = 0;
   std::uint64_t refreshes = 0;
+  // Reservations given back because a sibling shard of the same push was told to retry:
+  // a push holds every shard's space or none, so a full rank does not strand the others'.
+  std::uint64_t yields = 0;
   std::uint64_t payloads_sent = 0;
   std::uint64_t payloads_failed = 0;
   std::uint64_t abandons_sent = 0;

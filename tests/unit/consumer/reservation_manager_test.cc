@@ -609,16 +609,36 @@ TEST(Cancel, FollowerCancelDetachesWithoutTouchingTheWriter) {
 TEST(Cancel, RefreshReleasesTheWriterAndTheNextReserveGetsANewReservation) {
   Harness h;
   auto w = h.reserve_writer("t", "h", 100);
-  h.manager->reserve(request("f", "h", 100));
   EXPECT_EQ(h.manager->cancel({"t", w.reservation_id, true, true}), CancelOutcome::refreshed);
   EXPECT_EQ(h.manager->state_of("t"), S::expired);
-  auto events = h.manager->drain_events();
-  auto abandoned = events_of<AbandonedEvent>(events);
-  ASSERT_EQ(abandoned.size(), 1u);  // the follower; the writer re-reserves at once
-  EXPECT_EQ(abandoned[0].transfer_id, "f");
+  EXPECT_TRUE(events_of<AbandonedEvent>(h.manager->drain_events()).empty());  // the writer re-reserves at once
   auto fresh = h.reserve_writer("t", "h", 100);
   EXPECT_NE(fresh.reservation_id, w.reservation_id);
   EXPECT_EQ(h.manager->resolve_landing("t", w.reservation_id, 100).refusal, LandingRefusal::stale_reservation);
+}
+
+// Other transfers of the same content follow the writer's landing: giving its slot up
+// would abandon them, so the refresh is refused, and the writer's reserve again gets
+// the same reservation (its TTL re-armed). Its landing still serves the follower.
+TEST(Cancel, RefreshOfAFollowedWriterIsRefusedAndItsReserveAgainKeepsTheSlot) {
+  Harness h;
+  auto w = h.reserve_writer("t", "h", 100);
+  h.manager->reserve(request("f", "h", 100));
+  EXPECT_EQ(h.manager->cancel({"t", w.reservation_id, true, true}), CancelOutcome::rejected);
+  EXPECT_EQ(h.manager->state_of("t"), S::writing);
+  EXPECT_EQ(h.manager->state_of("f"), S::writing);
+  EXPECT_TRUE(events_of<AbandonedEvent>(h.manager->drain_events()).empty());
+  h.clock->advance(h.options.ttl / 2 + 1s);
+  auto again = h.reserve_writer("t", "h", 100);
+  EXPECT_EQ(again.reservation_id, w.reservation_id);
+  EXPECT_EQ(again.slot_offset, w.slot_offset);
+  h.manager->reserve(request("f", "h", 100));  // the follower's producer asks again too
+  h.clock->advance(h.options.ttl / 2 + 1s);    // past the first deadlines, inside the re-armed ones
+  h.manager->expire();
+  EXPECT_EQ(h.manager->state_of("t"), S::writing);
+  EXPECT_EQ(h.manager->state_of("f"), S::writing);
+  h.land("t", w);
+  EXPECT_EQ(events_of<ReadyEvent>(h.manager->drain_events()).size(), 2u);  // the writer and its follower
 }
 
 TEST(Cancel, RefreshNeedsAbandonAndAnUnfinishedReservation) {

@@ -59,12 +59,13 @@ TEST(PushTransitions, TableIsExactlyTheDocumentedOne) {
 TEST(ShardTransitions, TableIsExactlyTheDocumentedOne) {
   using S = ShardState;
   const std::set<std::pair<S, S>> allowed = {
-      {S::reserving, S::reserved},    {S::reserving, S::no_write},   {S::reserving, S::retry_wait},
-      {S::reserving, S::refused},     {S::retry_wait, S::reserving}, {S::retry_wait, S::released},
-      {S::reserved, S::refreshing},   {S::reserved, S::abandoning},  {S::reserved, S::sending},
-      {S::no_write, S::abandoning},   {S::no_write, S::released},    {S::refreshing, S::reserving},
-      {S::refreshing, S::abandoning}, {S::sending, S::sent},         {S::sending, S::reserved},
-      {S::refused, S::released},      {S::abandoning, S::released},
+      {S::reserving, S::reserved},   {S::reserving, S::no_write},    {S::reserving, S::retry_wait},
+      {S::reserving, S::refused},    {S::retry_wait, S::reserving},  {S::retry_wait, S::released},
+      {S::reserved, S::refreshing},  {S::reserved, S::abandoning},   {S::reserved, S::sending},
+      {S::reserved, S::yielding},    {S::yielding, S::retry_wait},   {S::yielding, S::reserving},
+      {S::yielding, S::abandoning},  {S::no_write, S::abandoning},   {S::no_write, S::released},
+      {S::refreshing, S::reserving}, {S::refreshing, S::abandoning}, {S::sending, S::sent},
+      {S::sending, S::reserved},     {S::refused, S::released},      {S::abandoning, S::released},
   };
   for (std::size_t f = 0; f < kShardStateCount; ++f) {
     for (std::size_t t = 0; t < kShardStateCount; ++t) {
@@ -247,6 +248,94 @@ TEST(Push, AShardRefusedBeforeAsksAgainAlone) {
   ASSERT_EQ(again.reserves.size(), 1u);
   EXPECT_EQ(again.reserves[0].shard, 1);
   EXPECT_TRUE(again.reserves[0].alone);
+}
+
+// A push holds every shard's slot or none: a shard told to retry makes the siblings
+// that reserved give their slots back (a refresh cancel, so the consumer expires the
+// record instead of marking the transfer cancelled), and they reserve again with it.
+TEST(Push, AShardToldToRetryMakesItsReservedSiblingsGiveTheirSlotsBack) {
+  Fixture f;
+  f.start(push("t"), 3);
+  auto r0 = writer(256);
+  EXPECT_TRUE(f.m.on_reserve_reply("t", 0, r0).empty());
+  auto refused = f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms});
+  ASSERT_EQ(refused.cancels.size(), 1u);
+  EXPECT_EQ(refused.cancels[0].shard, 0);
+  EXPECT_EQ(refused.cancels[0].reservation_id, r0.reservation_id);
+  EXPECT_TRUE(refused.cancels[0].refresh);
+  EXPECT_EQ(f.m.shard_state_of("t", 0), Sh::yielding);
+  // A sibling reserved while one waits gives its slot back at once.
+  auto late = f.m.on_reserve_reply("t", 2, writer(512));
+  ASSERT_EQ(late.cancels.size(), 1u);
+  EXPECT_EQ(late.cancels[0].shard, 2);
+  EXPECT_EQ(f.m.counters().yields, 0u);  // counted once the consumer took the slots back
+  f.expect_invariants();
+  // The slots given back wait for the refused shard's retry, then all three ask again.
+  EXPECT_TRUE(f.m.on_cancel_result("t", 0, Status::ok()).empty());
+  EXPECT_TRUE(f.m.on_cancel_result("t", 2, Status::ok()).empty());
+  EXPECT_EQ(f.m.shard_state_of("t", 0), Sh::retry_wait);
+  EXPECT_EQ(f.m.shard_state_of("t", 2), Sh::retry_wait);
+  EXPECT_EQ(f.m.counters().yields, 2u);
+  EXPECT_EQ(f.m.next_wakeup(), f.clock->now() + 5ms);
+  f.expect_invariants();
+  f.clock->advance(5ms);
+  auto again = f.m.tick();
+  ASSERT_EQ(again.reserves.size(), 3u);
+  EXPECT_TRUE(f.m.bind_source("img", 9, 1000).empty());
+  for (int shard = 0; shard < 3; ++shard) f.m.on_reserve_reply("t", shard, writer());
+  EXPECT_EQ(f.m.state_of("t"), P::writing);
+  EXPECT_EQ(f.m.counters().yields, 2u);
+  f.expect_invariants();
+}
+
+// The consumer keeps a slot other transfers follow (it refuses the refresh): the shard
+// asks for it again at once, gets it back, and does not offer it again.
+TEST(Push, ASlotTheConsumerWillNotTakeBackIsKept) {
+  Fixture f;
+  f.start(push("t"), 2);
+  auto r0 = writer(256);
+  f.m.on_reserve_reply("t", 0, r0);
+  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms}).cancels.size(), 1u);
+  auto kept = f.m.on_cancel_result("t", 0, conflict("the shard did not cancel"));
+  ASSERT_EQ(kept.reserves.size(), 1u);
+  EXPECT_EQ(kept.reserves[0].shard, 0);
+  EXPECT_TRUE(f.m.on_reserve_reply("t", 0, r0).cancels.empty());  // still waiting on shard 1: kept anyway
+  EXPECT_EQ(f.m.shard_state_of("t", 0), Sh::reserved);
+  EXPECT_EQ(f.m.counters().yields, 0u);
+  f.expect_invariants();
+}
+
+// The refused shard already asked again when the yield is answered: the yielded shard
+// asks at once instead of waiting for nothing.
+TEST(Push, AYieldAnsweredAfterTheSiblingAskedAgainReservesAtOnce) {
+  Fixture f;
+  f.start(push("t"), 2);
+  f.m.on_reserve_reply("t", 0, writer());
+  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms}).cancels.size(), 1u);
+  f.clock->advance(5ms);
+  ASSERT_EQ(f.m.tick().reserves.size(), 1u);  // shard 1 asks again; shard 0's yield is in flight
+  auto answered = f.m.on_cancel_result("t", 0, Status::ok());
+  ASSERT_EQ(answered.reserves.size(), 1u);
+  EXPECT_EQ(answered.reserves[0].shard, 0);
+  EXPECT_FALSE(answered.reserves[0].alone);  // it was never refused itself
+  f.expect_invariants();
+}
+
+// A push that ends while a slot is being given back releases it when the cancel is
+// answered; nothing stays held or pending.
+TEST(Push, APushThatEndsWhileASlotIsGivenBackReleasesIt) {
+  Fixture f;
+  f.start(push("t"), 2);
+  f.m.on_reserve_reply("t", 0, writer());
+  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{60ms}).cancels.size(), 1u);
+  const std::vector<std::string> finished{"req"};
+  EXPECT_TRUE(f.m.cancel_requests(finished).empty());  // its request finished before the encoder output came
+  EXPECT_EQ(f.m.state_of("t"), P::cancel_pending);     // the yield's cancel is still out
+  EXPECT_TRUE(f.m.on_cancel_result("t", 0, Status::ok()).empty());
+  EXPECT_EQ(f.m.shard_state_of("t", 0), Sh::released);
+  EXPECT_EQ(f.m.state_of("t"), P::cancelled);
+  EXPECT_FALSE(f.m.pending());
+  f.expect_invariants();
 }
 
 // A shard refused again and again backs off: the consumer's delay the first time, then
