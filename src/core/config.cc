@@ -342,7 +342,9 @@ const std::vector<KeySpec>& key_table() {
           "Base port of the shards' event sockets (shard r uses event_port + r); 0 picks ephemeral ports.",
           set_integer(&Config::event_port, 0, 65535));
     extra("checksum", "boolean", "false",
-          "Verify an xxHash64 checksum of every payload on landing; a mismatch fails the transfer.",
+          "Verify an xxHash64 checksum of every payload on landing; a mismatch fails the transfer. On an encoder: "
+          "hash every output while staging it; off, an output is hashed on the send path, and only for consumers "
+          "that verify.",
           set_bool(&Config::checksum));
     extra("auth_secret", "string", "\"\"",
           "Shared secret authenticating control requests and events (HMAC); empty turns authentication off. Prefer "

@@ -421,7 +421,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       return;
     }
     std::optional<std::uint64_t> checksum;
-    if (auto source = staging->find(p.source)) checksum = source->checksum;
+    if (const auto* topology = topology_of(p.consumer_address);
+        topology != nullptr && p.shard >= 0 && static_cast<std::size_t>(p.shard) < topology->shards.size()) {
+      checksum = checksum_for(topology->shards[static_cast<std::size_t>(p.shard)].hello, p.source);
+    }
     std::weak_ptr<State> weak = weak_from_this();
     client->call_async(
         *address, wire::CompleteRequest{p.transfer_id, p.reservation_id, p.generation, checksum},
@@ -436,6 +439,16 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
                                : body.status();
           s->enqueue(PayloadResult{base, tid, shard, status});
         });
+  }
+
+  // The checksum a shard that verifies (it announces the checksum feature) needs; a
+  // shard that does not gets none, and the payload is not hashed for it.
+  std::optional<std::uint64_t> checksum_for(const wire::HelloReply& hello, SourceId source) {
+    const bool verifies =
+        std::find(hello.features.begin(), hello.features.end(), wire::kFeatureChecksum) != hello.features.end();
+    if (verifies) return staging->checksum(source);
+    if (auto staged = staging->find(source)) return staged->checksum;  // computed while staging: sent anyway
+    return std::nullopt;
   }
 
   // Whether a consumer shard lands payloads the way this producer's data plane moves
@@ -572,7 +585,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         continue;
       }
       const auto header = wire::encode_payload_header(
-          wire::PayloadHeader{p.transfer_id, p.reservation_id, p.generation, p.nbytes, source->checksum});
+          wire::PayloadHeader{p.transfer_id, p.reservation_id, p.generation, p.nbytes, checksum_for(hello, p.source)});
       std::weak_ptr<State> weak = weak_from_this();
       const auto status = transport->send(*endpoint, header, staging_region, source->slot.offset, p.nbytes,
                                           clock->now() + config.push_wait_timeout(),

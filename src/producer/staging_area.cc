@@ -52,12 +52,28 @@ Result<SourceId> StagingArea::stage(const void* data, std::uint64_t nbytes, Sour
     (void)allocator_.free(slot);
     return copied;
   }
-  const std::uint64_t checksum = XXH64(destination, nbytes, 0);
+  std::optional<std::uint64_t> checksum;
+  if (config_.checksum) checksum = XXH64(destination, nbytes, 0);
   stages::record(stages::Stage::staging_copy, clock_->now() - copy_started);
   const SourceId id = slot.offset + 1;
   std::lock_guard lock(mutex_);
-  sources_[id] = Source{slot, checksum};
+  sources_[id] = Source{slot, nbytes, checksum};
   return id;
+}
+
+std::optional<std::uint64_t> StagingArea::checksum(SourceId id) {
+  Source source;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = sources_.find(id);
+    if (it == sources_.end()) return std::nullopt;
+    if (it->second.checksum) return it->second.checksum;
+    source = it->second;
+  }
+  const std::uint64_t value = XXH64(slab_.at(source.slot), source.nbytes, 0);
+  std::lock_guard lock(mutex_);
+  if (auto it = sources_.find(id); it != sources_.end()) it->second.checksum = value;
+  return value;
 }
 
 Status StagingArea::copy_from_device(const void* data, std::byte* destination, std::uint64_t nbytes) {

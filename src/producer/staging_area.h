@@ -1,8 +1,11 @@
 #pragma once
 // The producer's staging pool: encoder outputs are copied here (from host or device
-// memory) and hashed, and stay until every push that sends them has finished. One
-// mutex guards the allocator and the source table: bind_source runs on the engine's
-// thread, lookups and releases on the dispatcher.
+// memory) and stay until every push that sends them has finished. One mutex guards
+// the allocator and the source table: bind_source runs on the engine's thread,
+// lookups and releases on the dispatcher. A source is hashed (xxHash64) while it is
+// staged when this producer's `checksum` is on, else the first time a consumer shard
+// that verifies checksums needs it: hashing 9 MiB costs about a millisecond of CPU
+// that nobody uses where no consumer verifies.
 
 #include <cstdint>
 #include <memory>
@@ -26,15 +29,20 @@ class StagingArea {
  public:
   struct Source {
     pool::Slot slot;
-    std::optional<std::uint64_t> checksum;  // xxHash64, always computed: any consumer with checksums on can verify
+    std::uint64_t nbytes = 0;
+    std::optional<std::uint64_t> checksum;  // xxHash64, once computed
   };
 
   static Result<std::unique_ptr<StagingArea>> create(const Config& config, std::shared_ptr<const Clock> clock);
 
-  // Copies `nbytes` from `data` into a fresh slot and hashes it. resource_exhausted
-  // when the pool has no room (the message says how full it is).
+  // Copies `nbytes` from `data` into a fresh slot (and hashes it when `checksum` is
+  // on). resource_exhausted when the pool has no room (the message says how full it is).
   Result<SourceId> stage(const void* data, std::uint64_t nbytes, SourceMemory memory);
   std::optional<Source> find(SourceId id) const;
+  // The source's xxHash64, computed now if it was not while staging; nullopt for an
+  // unknown source. Called by the dispatcher, the only thread that releases sources,
+  // so the bytes stay put while they are hashed (outside the lock).
+  std::optional<std::uint64_t> checksum(SourceId id);
   void release(SourceId id);
 
   std::byte* base() noexcept { return slab_.data(); }

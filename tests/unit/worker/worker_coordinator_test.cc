@@ -43,7 +43,7 @@ class WorkerCoordinatorTest : public ::testing::Test {
     auto consumer = WorkerCoordinator::start(consumer_config_);
     ASSERT_TRUE(consumer) << consumer.status().to_string();
     consumer_ = std::move(*consumer);
-    auto producer = WorkerCoordinator::start(config_for("ec_producer", port + 100));
+    auto producer = WorkerCoordinator::start(config_for("ec_producer", port + 100, producer_extra()));
     ASSERT_TRUE(producer) << producer.status().to_string();
     producer_ = std::move(*producer);
   }
@@ -68,6 +68,8 @@ class WorkerCoordinatorTest : public ::testing::Test {
   }
   std::uint64_t landed() const { return consumer_->shard()->counters().reservations.landings_ready; }
   std::uint64_t pool_used() const { return consumer_->shard()->counters().reservations.pool_used_bytes; }
+
+  virtual json producer_extra() const { return json::object(); }
 
   Config consumer_config_;
   std::unique_ptr<WorkerCoordinator> consumer_;
@@ -114,6 +116,29 @@ TEST_F(WorkerCoordinatorTest, AnItemTheEngineAlreadyHasIsConsumedWithoutACopy) {
   // The transfer was taken and given back: its record no longer holds a lease.
   EXPECT_EQ(consumer_->shard()->counters().reservations.taken, 1U);
   EXPECT_TRUE(consumer_->shard()->check_invariants()) << consumer_->shard()->check_invariants().to_string();
+}
+
+// An encoder with checksums off still gives a consumer that verifies (it announces so)
+// the checksum it needs: the output is hashed on the send path. The consumer refuses
+// a payload without one, so a landing proves it came and matched.
+class ChecksumOnlyAtTheConsumerTest : public WorkerCoordinatorTest {
+ protected:
+  json producer_extra() const override { return json{{"checksum", false}}; }
+};
+
+TEST_F(ChecksumOnlyAtTheConsumerTest, TheProducerHashesForTheConsumerThatVerifies) {
+  const auto item = push("verified", 64 * 1024, std::byte{0x3c});
+  const auto counters = consumer_->shard()->counters().reservations;
+  EXPECT_EQ(counters.checksum_mismatches, 0u);
+  EXPECT_EQ(counters.landings_ready, 1u);
+  std::vector<std::byte> cache(item.spec.nbytes());
+  scheduler::ConnectorMeta meta;
+  meta.loads.push_back(item);
+  const auto report = consumer_->start_load_caches(meta, [&](const scheduler::LoadSpec&) {
+    return Result<LoadDestination>(LoadDestination{cache.data(), false, 0});
+  });
+  EXPECT_EQ(report.loaded.size(), 1u);
+  EXPECT_EQ(cache.front(), std::byte{0x3c});
 }
 
 TEST_F(WorkerCoordinatorTest, ShutdownIsIdempotentAndBounded) {
