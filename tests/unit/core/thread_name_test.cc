@@ -16,24 +16,24 @@ std::string name_of_this_thread() {
   return buffer.data();
 }
 
-TEST(ThreadName, NamesTheCallingThreadOnly) {
-  const std::string before = name_of_this_thread();
+// The name a new thread reads back after naming itself `name`.
+std::string named_in_a_new_thread(const std::string& name) {
   std::string seen;
   std::thread([&] {
-    name_this_thread("ecx-ucx");
+    name_this_thread(name);
     seen = name_of_this_thread();
   }).join();
-  EXPECT_EQ(seen, "ecx-ucx");
+  return seen;
+}
+
+TEST(ThreadName, NamesTheCallingThreadOnly) {
+  const std::string before = name_of_this_thread();
+  EXPECT_EQ(named_in_a_new_thread("ecx-ucx"), "ecx-ucx");
   EXPECT_EQ(name_of_this_thread(), before);
 }
 
 TEST(ThreadName, ALongNameKeepsItsFirstFifteenCharacters) {
-  std::string seen;
-  std::thread([&] {
-    name_this_thread("ecx-a-name-longer-than-the-kernel-keeps");
-    seen = name_of_this_thread();
-  }).join();
-  EXPECT_EQ(seen, "ecx-a-name-long");
+  EXPECT_EQ(named_in_a_new_thread("ecx-a-name-longer-than-the-kernel-keeps"), "ecx-a-name-long");
 }
 
 }  // namespace

@@ -288,14 +288,20 @@ TEST(Push, AShardToldToRetryMakesItsReservedSiblingsGiveTheirSlotsBack) {
   f.expect_invariants();
 }
 
+// A push to two shards: shard 0 reserved (as `r0`), shard 1 told to retry after
+// `retry`, so shard 0 gives its slot back (one cancel out).
+void reserve_one_refuse_other(Fixture& f, Duration retry, const reply::Reserved& r0) {
+  f.start(push("t"), 2);
+  f.m.on_reserve_reply("t", 0, r0);
+  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{retry}).cancels.size(), 1u);
+}
+
 // The consumer keeps a slot other transfers follow (it refuses the refresh): the shard
 // asks for it again at once, gets it back, and does not offer it again.
 TEST(Push, ASlotTheConsumerWillNotTakeBackIsKept) {
   Fixture f;
-  f.start(push("t"), 2);
-  auto r0 = writer(256);
-  f.m.on_reserve_reply("t", 0, r0);
-  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms}).cancels.size(), 1u);
+  const auto r0 = writer(256);
+  reserve_one_refuse_other(f, 5ms, r0);
   auto kept = f.m.on_cancel_result("t", 0, conflict("the shard did not cancel"));
   ASSERT_EQ(kept.reserves.size(), 1u);
   EXPECT_EQ(kept.reserves[0].shard, 0);
@@ -309,9 +315,7 @@ TEST(Push, ASlotTheConsumerWillNotTakeBackIsKept) {
 // asks at once instead of waiting for nothing.
 TEST(Push, AYieldAnsweredAfterTheSiblingAskedAgainReservesAtOnce) {
   Fixture f;
-  f.start(push("t"), 2);
-  f.m.on_reserve_reply("t", 0, writer());
-  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms}).cancels.size(), 1u);
+  reserve_one_refuse_other(f, 5ms, writer());
   f.clock->advance(5ms);
   ASSERT_EQ(f.m.tick().reserves.size(), 1u);  // shard 1 asks again; shard 0's yield is in flight
   auto answered = f.m.on_cancel_result("t", 0, Status::ok());
@@ -325,9 +329,7 @@ TEST(Push, AYieldAnsweredAfterTheSiblingAskedAgainReservesAtOnce) {
 // answered; nothing stays held or pending.
 TEST(Push, APushThatEndsWhileASlotIsGivenBackReleasesIt) {
   Fixture f;
-  f.start(push("t"), 2);
-  f.m.on_reserve_reply("t", 0, writer());
-  ASSERT_EQ(f.m.on_reserve_reply("t", 1, reply::RetryAfter{60ms}).cancels.size(), 1u);
+  reserve_one_refuse_other(f, 60ms, writer());
   const std::vector<std::string> finished{"req"};
   EXPECT_TRUE(f.m.cancel_requests(finished).empty());  // its request finished before the encoder output came
   EXPECT_EQ(f.m.state_of("t"), P::cancel_pending);     // the yield's cancel is still out
