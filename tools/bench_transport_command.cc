@@ -62,6 +62,11 @@ struct BenchOptions {
   std::string json_file;
   std::string plot_file;
   bool skip_perftest = false;
+  // "": each side reuses `window` slots, which stay in the CPU cache (as ucx_perftest
+  // reuses its buffer). A size: both sides move through a ring of this many bytes, so
+  // each message is sent from and lands in memory not touched since (as ECX's pools do).
+  std::string spread_text;
+  std::uint64_t spread = 0;  // parsed spread_text (the consumer half gets it as a number)
   // Hidden: the consumer half, started by the producer as a child process.
   bool consumer = false;
   std::uint64_t consumer_slot_bytes = 0;
@@ -239,7 +244,8 @@ int run_consumer(const BenchOptions& options) {
   const std::uint64_t alignment = 4096;
   // Eagerly sent payloads complete at the producer before they land, so more than
   // `window` of them can wait here: keep room for many small ones.
-  const std::uint64_t pool_bytes = std::max<std::uint64_t>((slot + alignment) * (options.window + 2), 256ULL << 20);
+  const std::uint64_t pool_bytes =
+      std::max<std::uint64_t>({(slot + alignment) * (options.window + 2), 256ULL << 20, options.spread});
   auto slab = pool::Slab::allocate(pool::MemoryKind::host, pool_bytes, pool::SlabOptions{.prefault = true});
   if (!slab) {
     std::cerr << "consumer: " << slab.status().to_string() << "\n";
@@ -250,7 +256,18 @@ int run_consumer(const BenchOptions& options) {
   ucx.tls = std::string(ucx_tls(options.transport));
   ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
+  // --spread: landings go round a ring (the UCX thread resolves them one at a time); it
+  // holds at least 4 windows of slots, so a landing under way is never reused.
+  std::uint64_t ring_cursor = 0;
+  constexpr std::uint64_t kRingToken = ~0ULL;
   ucx.resolver = [&](std::span<const std::byte>, std::uint64_t bytes) -> Result<transport::Landing> {
+    if (options.spread != 0) {
+      const std::uint64_t step = (bytes + alignment - 1) / alignment * alignment;
+      if (ring_cursor + step > options.spread) ring_cursor = 0;
+      const std::uint64_t at = ring_cursor;
+      ring_cursor += step;
+      return transport::Landing{slab->data() + at, bytes, kRingToken};
+    }
     auto reserved = allocator.allocate(bytes);
     if (!reserved) return reserved.status();
     return transport::Landing{slab->at(*reserved), bytes, reserved->offset};
@@ -259,7 +276,9 @@ int run_consumer(const BenchOptions& options) {
   std::condition_variable landed;
   std::uint64_t outcomes = 0;
   ucx.on_landing = [&](std::span<const std::byte>, const transport::Landing& landing, const Status&) {
-    (void)allocator.free(pool::Slot{landing.token, (landing.length + alignment - 1) / alignment * alignment});
+    if (landing.token != kRingToken) {
+      (void)allocator.free(pool::Slot{landing.token, (landing.length + alignment - 1) / alignment * alignment});
+    }
     std::lock_guard lock(mutex);
     ++outcomes;
     landed.notify_all();
@@ -351,7 +370,8 @@ class WindowedOps {
 Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
   Child consumer({self_executable(), "bench", "transport", "--consumer", "--transport",
                   std::string(data_link_name(ucx_link(options))), "--mode", options.mode, "--window",
-                  std::to_string(options.window), "--slot-bytes", std::to_string(size)},
+                  std::to_string(options.window), "--slot-bytes", std::to_string(size), "--consumer-spread",
+                  std::to_string(options.spread)},
                  {});
   if (!consumer.started()) return internal_error("cannot start the consumer process");
   // UCX may print warnings on stdout before the address line: skip them.
@@ -360,7 +380,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   if (!line) return unavailable("the consumer process did not start listening");
 
   const std::uint64_t window = options.window;
-  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * window, pool::SlabOptions{.prefault = true});
+  const std::uint64_t slots = std::max<std::uint64_t>(window, options.spread / size);  // sent from in turn
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * slots, pool::SlabOptions{.prefault = true});
   if (!slab) return slab.status();
   std::memset(slab->data(), 0x3c, slab->size());
   transport::UcxOptions ucx;
@@ -380,8 +401,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   const std::byte header[64] = {};
   auto run_batch = [&](std::uint64_t n, bool record) -> Status {
     return ops.run(n, record, [&](std::uint64_t i, WindowedOps::Done done) {
-      return transport->send(*endpoint, header, *region, (i % window) * size, size, clock->now() + 60s,
-                             std::move(done));
+      return transport->send(*endpoint, header, *region, (i % slots) * size, size, clock->now() + 60s, std::move(done));
     });
   };
 
@@ -631,7 +651,7 @@ Status plot_series(const std::string& png, const std::vector<Series>& all) {
   return write_plot(spec);
 }
 
-int run_bench(const BenchOptions& options) {
+int run_bench(BenchOptions options) {
   log::set_level(spdlog::level::warn);
   if (options.consumer) return run_consumer(options);
   const bool mooncake = !uses_ucx(options.transport);
@@ -669,16 +689,32 @@ int run_bench(const BenchOptions& options) {
     sizes.push_back(*size);
   }
 
+  if (!options.spread_text.empty() && options.spread_text != "0") {
+    auto spread = parse_byte_size(options.spread_text);
+    if (!spread) {
+      std::cerr << "ecx bench transport: --spread: " << spread.status().message() << "\n";
+      return 2;
+    }
+    const std::uint64_t needed = *std::max_element(sizes.begin(), sizes.end()) * options.window * 4;
+    if (*spread < needed) {
+      std::cerr << fmt::format(
+          "ecx bench transport: --spread {} must hold at least 4 windows of the largest size ({} bytes)\n",
+          options.spread_text, needed);
+      return 2;
+    }
+    options.spread = *spread;
+  }
   // Both sides busy-poll in ucx_perftest; on a loaded machine that costs it more than
   // ECX's sleeping progress thread, so the load is part of the result.
   std::string load = "?";
   if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
   std::cout << fmt::format(
-      "ecx bench transport: {} (UCX_TLS={}), mode {}, window {}, median of {} runs, UCX {}, load average {} on {} "
+      "ecx bench transport: {} (UCX_TLS={}), mode {}, window {}{}, median of {} runs, UCX {}, load average {} on {} "
       "CPUs\n",
       mooncake ? std::string("mooncake (tcp) next to UCX tcp") : std::string(data_link_name(options.transport)),
-      ucx_tls(options.transport), options.mode, options.window, options.repeat, transport::ucx_library_version(), load,
-      std::thread::hardware_concurrency());
+      ucx_tls(options.transport), options.mode, options.window,
+      options.spread != 0 ? fmt::format(", ECX spread over {} bytes", options.spread) : std::string(), options.repeat,
+      transport::ucx_library_version(), load, std::thread::hardware_concurrency());
   std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
                            "ratio");
   std::vector<Series> all;
@@ -819,10 +855,16 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
                   "ucx_perftest primitives to run next to ECX: comma list of am, tag, stream, put")
       ->capture_default_str();
   cmd->add_flag("--no-perftest", options->skip_perftest, "skip the ucx_perftest baselines");
+  cmd->add_option("--spread", options->spread_text,
+                  "UCX series: send from and land in a ring of this many bytes (e.g. 1GiB), memory not touched since, "
+                  "as ECX's pools do; default: reuse one window of slots, which stays in the CPU cache as "
+                  "ucx_perftest's buffer does");
   auto* consumer = cmd->add_flag("--consumer", options->consumer, "run the consumer half (internal)");
   auto* slot = cmd->add_option("--slot-bytes", options->consumer_slot_bytes, "consumer slot size (internal)");
+  auto* consumer_spread = cmd->add_option("--consumer-spread", options->spread, "ring size in bytes (internal)");
   consumer->group("");
   slot->group("");
+  consumer_spread->group("");
   cmd->callback([&run, options] { run = [options] { return run_bench(*options); }; });
 }
 
