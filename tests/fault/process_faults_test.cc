@@ -10,6 +10,8 @@
 #include <set>
 #include <thread>
 
+#include <iostream>
+
 #include <gtest/gtest.h>
 
 #include "ecx/consumer/consumer_shard.h"
@@ -345,6 +347,43 @@ TEST(PoolExhausted, BackPressureStillDeliversEveryItem) {
   EXPECT_EQ(result.live_reservations, 0U);
   EXPECT_EQ(result.leaked_pool_bytes, 0U);
   EXPECT_EQ(result.invariant_error, "");
+}
+
+// 3b. The same at TP 2, each shard answering retry at once (no holds): a push holds
+// both shards' slots or none, so a shard that did reserve while its sibling was told to
+// retry gives its slot back and reserves again with it. Every item still reaches both
+// ranks bit-exact, and no slot is left behind.
+TEST(PoolExhausted, AtTp2APushHoldsBothSlotsOrNoneAndEveryItemArrives) {
+  const int port = free_port_block(2);
+  ASSERT_NE(port, 0);
+  sim::ConsumerSimOptions options;
+  options.config = consumer_config(2, port, "8MiB", {{"reserve_hold_ms", 0}});
+  options.deadline = 60s;
+  auto consumer = sim::ConsumerSim::start(std::move(options));
+  ASSERT_TRUE(consumer) << consumer.status().to_string();
+  auto args = producer_args((*consumer)->control_address(), port, (*consumer)->admit_endpoint());
+  args.requests = 40;
+  args.min_tokens = 512;  // 1..4 MiB items (bf16, hidden 1024)
+  args.max_tokens = 2048;
+  args.deadline_s = 50;
+  auto producer = ChildProcess::spawn(producer_argv(args));
+  ASSERT_TRUE(producer) << producer.status().to_string();
+
+  const auto result = (*consumer)->run();
+  const auto line = producer_result(*producer, 30s);
+  EXPECT_EQ(producer->wait(5s).value_or(-1), 0);
+  ASSERT_TRUE(line.has_value());
+  EXPECT_GT(line->value("retry_afters", 0ULL), 0U) << line->dump();
+  EXPECT_EQ(line->value("failed_saves", 1ULL), 0U) << line->dump();
+  ASSERT_TRUE(result.producer_done);
+  EXPECT_EQ(result.progress.requests_ready, 40U) << line->dump();
+  EXPECT_EQ(result.progress.requests_failed, 0U);
+  EXPECT_EQ(result.content_mismatches, 0U);
+  EXPECT_EQ(result.live_reservations, 0U);
+  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  EXPECT_EQ(result.invariant_error, "");
+  std::cout << "retry-afters " << line->value("retry_afters", 0ULL) << ", slots given back "
+            << line->value("yields", 0ULL) << "\n";
 }
 
 // 4. One image in 50 requests: one write and one landing; every other transfer is a
