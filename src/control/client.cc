@@ -1,5 +1,4 @@
 #include "ecx/control/client.h"
-#include "ecx/core/thread_name.h"
 
 #include <condition_variable>
 #include <deque>
@@ -14,6 +13,7 @@
 #include "control/counters.h"
 #include "control/zmq_util.h"
 #include "core/logging.h"
+#include "ecx/core/thread_name.h"
 #include "ecx/wire/codec.h"
 
 namespace ecx::control {

@@ -1,5 +1,4 @@
 #include "ecx/control/server.h"
-#include "ecx/core/thread_name.h"
 
 #include <algorithm>
 #include <deque>
@@ -12,6 +11,7 @@
 #include "control/counters.h"
 #include "control/zmq_util.h"
 #include "core/logging.h"
+#include "ecx/core/thread_name.h"
 #include "ecx/wire/codec.h"
 
 namespace ecx::control {
@@ -530,50 +530,49 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
     }
   };
   try {
-    std::visit(
-        Overloaded{
-            [&](const wire::HelloRequest& r) {
-              wire::HelloReply hello;
-              handler->describe(hello);
-              hello.shard = options.tp_rank;
-              hello.tp_size = options.tp_size;
-              hello.control_ports = control_ports;
-              hello.event_port = static_cast<std::uint32_t>(event_port);
-              hello.instance = instance;
-              hello.min_version = wire::kMinProtocolVersion;
-              hello.max_version = wire::kProtocolVersion;
-              if (security.enabled() &&
-                  std::find(hello.features.begin(), hello.features.end(), wire::kFeatureAuth) == hello.features.end()) {
-                hello.features.emplace_back(wire::kFeatureAuth);
-              }
-              if (!r.client.empty()) log->debug("hello from {}", r.client);
-              reply.body = std::move(hello);
-            },
-            [&](const wire::ReserveBatchRequest& r) {
-              std::vector<wire::ReserveResult> answered = handler->reserve_batch(request_context, r.items);
-              if (answered.size() != r.items.size()) {
-                log->error("reservation handler answered {} of {} items", answered.size(), r.items.size());
-                answered.resize(r.items.size(), wire::ReserveResult::failed(internal_error("no answer for this item")));
-              }
-              wire::ReserveBatchReply batch;
-              const std::size_t total = r.items.size() + decoded.item_errors.size();
-              batch.items.reserve(total);
-              std::size_t next_valid = 0;
-              std::size_t next_error = 0;
-              for (std::size_t i = 0; i < total; ++i) {
-                if (next_error < decoded.item_errors.size() && decoded.item_errors[next_error].index == i) {
-                  batch.items.push_back(wire::ReserveResult::failed(decoded.item_errors[next_error++].error));
-                } else {
-                  batch.items.push_back(std::move(answered[next_valid++]));
-                }
-              }
-              reply.body = std::move(batch);
-            },
-            [&](const wire::CancelRequest& r) { settle(handler->cancel(request_context, r)); },
-            [&](const wire::StatusRequest& r) { settle(handler->status(request_context, r)); },
-            [&](const wire::CompleteRequest& r) { settle(handler->complete(request_context, r)); },
-        },
-        request.body);
+    std::visit(Overloaded{
+                   [&](const wire::HelloRequest& r) {
+                     wire::HelloReply hello;
+                     handler->describe(hello);
+                     hello.shard = options.tp_rank;
+                     hello.tp_size = options.tp_size;
+                     hello.control_ports = control_ports;
+                     hello.event_port = static_cast<std::uint32_t>(event_port);
+                     hello.instance = instance;
+                     hello.min_version = wire::kMinProtocolVersion;
+                     hello.max_version = wire::kProtocolVersion;
+                     if (security.enabled() && !hello.has_feature(wire::kFeatureAuth)) {
+                       hello.features.emplace_back(wire::kFeatureAuth);
+                     }
+                     if (!r.client.empty()) log->debug("hello from {}", r.client);
+                     reply.body = std::move(hello);
+                   },
+                   [&](const wire::ReserveBatchRequest& r) {
+                     std::vector<wire::ReserveResult> answered = handler->reserve_batch(request_context, r.items);
+                     if (answered.size() != r.items.size()) {
+                       log->error("reservation handler answered {} of {} items", answered.size(), r.items.size());
+                       answered.resize(r.items.size(),
+                                       wire::ReserveResult::failed(internal_error("no answer for this item")));
+                     }
+                     wire::ReserveBatchReply batch;
+                     const std::size_t total = r.items.size() + decoded.item_errors.size();
+                     batch.items.reserve(total);
+                     std::size_t next_valid = 0;
+                     std::size_t next_error = 0;
+                     for (std::size_t i = 0; i < total; ++i) {
+                       if (next_error < decoded.item_errors.size() && decoded.item_errors[next_error].index == i) {
+                         batch.items.push_back(wire::ReserveResult::failed(decoded.item_errors[next_error++].error));
+                       } else {
+                         batch.items.push_back(std::move(answered[next_valid++]));
+                       }
+                     }
+                     reply.body = std::move(batch);
+                   },
+                   [&](const wire::CancelRequest& r) { settle(handler->cancel(request_context, r)); },
+                   [&](const wire::StatusRequest& r) { settle(handler->status(request_context, r)); },
+                   [&](const wire::CompleteRequest& r) { settle(handler->complete(request_context, r)); },
+               },
+               request.body);
   } catch (const std::exception& e) {
     handler_exceptions.add();
     log->error("{} handler failed: {}", wire::op_name(reply.op), e.what());

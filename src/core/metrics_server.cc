@@ -1,5 +1,4 @@
 #include "ecx/core/metrics_server.h"
-#include "ecx/core/thread_name.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -14,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/logging.h"
+#include "ecx/core/thread_name.h"
 
 namespace ecx::metrics {
 namespace {

@@ -1,5 +1,4 @@
 #include "ecx/producer/push_engine.h"
-#include "ecx/core/thread_name.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -17,6 +16,7 @@
 #include "core/logging.h"
 #include "ecx/control/client.h"
 #include "ecx/core/stages.h"
+#include "ecx/core/thread_name.h"
 #include "ecx/transport/factory.h"
 #include "ecx/wire/payload_header.h"
 #include "staging_area.h"
@@ -415,19 +415,16 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       return;
     }
     // The bytes are in place: tell the shard, naming the reservation written.
-    auto address = shard_control(p.consumer_address, p.shard);
-    if (!address) {
+    const auto* shard = shard_endpoint(p.consumer_address, p.shard);
+    if (shard == nullptr) {
       actions.append(pushes.on_payload_result(p.transfer_id, p.shard, unavailable("consumer topology is not known")));
       return;
     }
     std::optional<std::uint64_t> checksum;
-    if (const auto* topology = topology_of(p.consumer_address);
-        topology != nullptr && p.shard >= 0 && static_cast<std::size_t>(p.shard) < topology->shards.size()) {
-      checksum = checksum_for(topology->shards[static_cast<std::size_t>(p.shard)].hello, p.source);
-    }
+    if (const auto source = staging->find(p.source)) checksum = checksum_for(shard->hello, p.source, *source);
     std::weak_ptr<State> weak = weak_from_this();
     client->call_async(
-        *address, wire::CompleteRequest{p.transfer_id, p.reservation_id, p.generation, checksum},
+        shard->control, wire::CompleteRequest{p.transfer_id, p.reservation_id, p.generation, checksum},
         config.control_timeout(),
         [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard](Result<wire::Reply> reply) {
           auto s = weak.lock();
@@ -442,20 +439,18 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   // The checksum a shard that verifies (it announces the checksum feature) needs; a
-  // shard that does not gets none, and the payload is not hashed for it.
-  std::optional<std::uint64_t> checksum_for(const wire::HelloReply& hello, SourceId source) {
-    const bool verifies =
-        std::find(hello.features.begin(), hello.features.end(), wire::kFeatureChecksum) != hello.features.end();
-    if (verifies) return staging->checksum(source);
-    if (auto staged = staging->find(source)) return staged->checksum;  // computed while staging: sent anyway
-    return std::nullopt;
+  // shard that does not gets none, and the payload is not hashed for it (one hashed
+  // while staging is sent anyway).
+  std::optional<std::uint64_t> checksum_for(const wire::HelloReply& hello, SourceId id,
+                                            const StagingArea::Source& source) {
+    if (source.checksum || !hello.has_feature(wire::kFeatureChecksum)) return source.checksum;
+    return staging->checksum(id);
   }
 
   // Whether a consumer shard lands payloads the way this producer's data plane moves
   // them: one-sided writes need a shard that publishes its segment and pool base.
   Status landing_matches(const wire::HelloReply& hello) const {
-    const bool shard_one_sided =
-        std::find(hello.features.begin(), hello.features.end(), wire::kFeatureOneSided) != hello.features.end();
+    const bool shard_one_sided = hello.has_feature(wire::kFeatureOneSided);
     if (shard_one_sided == one_sided && (!one_sided || (!hello.data.segment.empty() && hello.data.base != 0))) {
       return Status::ok();
     }
@@ -490,12 +485,13 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     unsettled[{p.transfer_id, p.shard}] = Unsettled{p.source, false};
   }
 
-  std::optional<std::string> shard_control(const std::string& base, int shard) {
+  // The shard's endpoints and hello, from the confirmed topology; null if unknown.
+  const control::ShardEndpoint* shard_endpoint(const std::string& base, int shard) {
     const auto* topology = topology_of(base);
     if (topology == nullptr || shard < 0 || static_cast<std::size_t>(shard) >= topology->shards.size()) {
-      return std::nullopt;
+      return nullptr;
     }
-    return topology->shards[static_cast<std::size_t>(shard)].control;
+    return &topology->shards[static_cast<std::size_t>(shard)];
   }
 
   void execute(Actions actions) {
@@ -529,15 +525,15 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     std::vector<Batch> batches;
     std::map<std::string, std::size_t> shared_batch;  // address -> index in batches
     for (const auto& r : reserves) {
-      auto address = shard_control(r.consumer_address, r.shard);
-      if (!address) {
+      const auto* shard = shard_endpoint(r.consumer_address, r.shard);
+      if (shard == nullptr) {
         more.append(pushes.on_reserve_reply(r.transfer_id, r.shard,
                                             reply::Refused{unavailable("consumer topology is not known")}));
         continue;
       }
       std::size_t index = batches.size();
-      if (!r.alone) index = shared_batch.try_emplace(*address, batches.size()).first->second;
-      if (index == batches.size()) batches.push_back(Batch{*address, r.consumer_address, {}, {}});
+      if (!r.alone) index = shared_batch.try_emplace(shard->control, batches.size()).first->second;
+      if (index == batches.size()) batches.push_back(Batch{shard->control, r.consumer_address, {}, {}});
       Batch& batch = batches[index];
       batch.items.push_back(wire::ReserveItem{r.transfer_id, r.mm_hash, r.spec, std::nullopt});
       batch.ids.emplace_back(r.transfer_id, r.shard);
@@ -558,12 +554,12 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 
   void execute_payloads(const std::vector<PayloadCommand>& payloads, Actions& more) {
     for (const auto& p : payloads) {
-      const auto* topology = topology_of(p.consumer_address);
-      if (topology == nullptr || p.shard < 0 || static_cast<std::size_t>(p.shard) >= topology->shards.size()) {
+      const auto* shard = shard_endpoint(p.consumer_address, p.shard);
+      if (shard == nullptr) {
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, unavailable("consumer topology is not known")));
         continue;
       }
-      const auto& hello = topology->shards[static_cast<std::size_t>(p.shard)].hello;
+      const auto& hello = shard->hello;
       const auto& data = hello.data;
       const std::optional<StagingArea::Source> source = staging->find(p.source);
       if (!source) {
@@ -584,8 +580,8 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, endpoint.status()));
         continue;
       }
-      const auto header = wire::encode_payload_header(
-          wire::PayloadHeader{p.transfer_id, p.reservation_id, p.generation, p.nbytes, checksum_for(hello, p.source)});
+      const auto header = wire::encode_payload_header(wire::PayloadHeader{
+          p.transfer_id, p.reservation_id, p.generation, p.nbytes, checksum_for(hello, p.source, *source)});
       std::weak_ptr<State> weak = weak_from_this();
       const auto status = transport->send(*endpoint, header, staging_region, source->slot.offset, p.nbytes,
                                           clock->now() + config.push_wait_timeout(),
@@ -606,15 +602,15 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         parked_cancels.push_back(c);  // the slot may still be written: abandon it once the write settles
         continue;
       }
-      auto address = shard_control(c.consumer_address, c.shard);
-      if (!address) {
+      const auto* shard = shard_endpoint(c.consumer_address, c.shard);
+      if (shard == nullptr) {
         more.append(pushes.on_cancel_result(c.transfer_id, c.shard, unavailable("consumer topology is not known")));
         continue;
       }
       std::weak_ptr<State> weak = weak_from_this();
       client->call_async(
-          *address, wire::CancelRequest{c.transfer_id, c.reservation_id, true, c.refresh}, config.control_timeout(),
-          [weak, tid = c.transfer_id, shard = c.shard](Result<wire::Reply> reply) {
+          shard->control, wire::CancelRequest{c.transfer_id, c.reservation_id, true, c.refresh},
+          config.control_timeout(), [weak, tid = c.transfer_id, shard = c.shard](Result<wire::Reply> reply) {
             auto s = weak.lock();
             if (!s) return;
             auto body = control::reply_body<wire::CancelReply>(std::move(reply));

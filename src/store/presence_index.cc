@@ -1,9 +1,9 @@
 #include "ecx/store/presence_index.h"
-#include "ecx/core/thread_name.h"
 
 #include <algorithm>
 
 #include "core/logging.h"
+#include "ecx/core/thread_name.h"
 
 namespace ecx::store {
 

@@ -313,77 +313,60 @@ TEST(ProducerStalled, LandingPastItsDeadlineIsCutOffAndItsSlotFreed) {
   EXPECT_TRUE(s.check_invariants()) << s.check_invariants().to_string();
 }
 
-// 3. A pool far smaller than the workload: the consumer answers retry-after while it
-// is full, and every item is still delivered, bit-exact.
-TEST(PoolExhausted, BackPressureStillDeliversEveryItem) {
-  const int port = free_port_block(1);
-  ASSERT_NE(port, 0);
+// A consumer at `tp` with 8 MiB pools and a producer pushing `requests` items of 1..4
+// MiB: every item is still delivered to every rank, bit-exact, nothing left behind.
+// Returns the producer's result line.
+json expect_every_item_through_a_full_pool(int tp, int requests, const json& consumer_extra = json::object()) {
+  const int port = free_port_block(tp);
+  EXPECT_NE(port, 0);
   sim::ConsumerSimOptions options;
-  options.config = consumer_config(1, port, "8MiB");
+  options.config = consumer_config(tp, port, "8MiB", consumer_extra);
   options.deadline = 60s;
   auto consumer = sim::ConsumerSim::start(std::move(options));
-  ASSERT_TRUE(consumer) << consumer.status().to_string();
+  EXPECT_TRUE(consumer) << consumer.status().to_string();
+  if (!consumer) return json();
   auto args = producer_args((*consumer)->control_address(), port, (*consumer)->admit_endpoint());
-  args.requests = 50;
+  args.requests = requests;
   args.min_tokens = 512;  // 1..4 MiB items (bf16, hidden 1024)
   args.max_tokens = 2048;
   args.deadline_s = 50;
   auto producer = ChildProcess::spawn(producer_argv(args));
-  ASSERT_TRUE(producer) << producer.status().to_string();
+  EXPECT_TRUE(producer) << producer.status().to_string();
+  if (!producer) return json();
 
   const auto result = (*consumer)->run();
   const auto line = producer_result(*producer, 30s);
   EXPECT_EQ(producer->wait(5s).value_or(-1), 0);
-  ASSERT_TRUE(line.has_value());
+  EXPECT_TRUE(line.has_value());
+  if (!line) return json();
   EXPECT_GT(line->value("retry_afters", 0ULL), 0U) << line->dump();
   EXPECT_EQ(line->value("failed_saves", 1ULL), 0U) << line->dump();
-  ASSERT_TRUE(result.producer_done);
-  EXPECT_EQ(result.progress.requests_admitted, 50U);
-  EXPECT_EQ(result.progress.requests_ready, 50U);
+  EXPECT_TRUE(result.producer_done);
+  const auto n = static_cast<std::uint64_t>(requests);
+  EXPECT_EQ(result.progress.requests_admitted, n);
+  EXPECT_EQ(result.progress.requests_ready, n) << line->dump();
   EXPECT_EQ(result.progress.requests_failed, 0U);
-  EXPECT_EQ(result.items_ready, 50U);
+  EXPECT_EQ(result.items_ready, n);
   EXPECT_EQ(result.content_mismatches, 0U);
   EXPECT_EQ(result.checksum_mismatches, 0U);
   EXPECT_EQ(result.live_reservations, 0U);
   EXPECT_EQ(result.leaked_pool_bytes, 0U);
   EXPECT_EQ(result.invariant_error, "");
+  return *line;
 }
+
+// 3. A pool far smaller than the workload: the consumer answers retry-after while it
+// is full, and every item is still delivered, bit-exact.
+TEST(PoolExhausted, BackPressureStillDeliversEveryItem) { expect_every_item_through_a_full_pool(1, 50); }
 
 // 3b. The same at TP 2, each shard answering retry at once (no holds): a push holds
 // both shards' slots or none, so a shard that did reserve while its sibling was told to
 // retry gives its slot back and reserves again with it. Every item still reaches both
 // ranks bit-exact, and no slot is left behind.
 TEST(PoolExhausted, AtTp2APushHoldsBothSlotsOrNoneAndEveryItemArrives) {
-  const int port = free_port_block(2);
-  ASSERT_NE(port, 0);
-  sim::ConsumerSimOptions options;
-  options.config = consumer_config(2, port, "8MiB", {{"reserve_hold_ms", 0}});
-  options.deadline = 60s;
-  auto consumer = sim::ConsumerSim::start(std::move(options));
-  ASSERT_TRUE(consumer) << consumer.status().to_string();
-  auto args = producer_args((*consumer)->control_address(), port, (*consumer)->admit_endpoint());
-  args.requests = 40;
-  args.min_tokens = 512;  // 1..4 MiB items (bf16, hidden 1024)
-  args.max_tokens = 2048;
-  args.deadline_s = 50;
-  auto producer = ChildProcess::spawn(producer_argv(args));
-  ASSERT_TRUE(producer) << producer.status().to_string();
-
-  const auto result = (*consumer)->run();
-  const auto line = producer_result(*producer, 30s);
-  EXPECT_EQ(producer->wait(5s).value_or(-1), 0);
-  ASSERT_TRUE(line.has_value());
-  EXPECT_GT(line->value("retry_afters", 0ULL), 0U) << line->dump();
-  EXPECT_EQ(line->value("failed_saves", 1ULL), 0U) << line->dump();
-  ASSERT_TRUE(result.producer_done);
-  EXPECT_EQ(result.progress.requests_ready, 40U) << line->dump();
-  EXPECT_EQ(result.progress.requests_failed, 0U);
-  EXPECT_EQ(result.content_mismatches, 0U);
-  EXPECT_EQ(result.live_reservations, 0U);
-  EXPECT_EQ(result.leaked_pool_bytes, 0U);
-  EXPECT_EQ(result.invariant_error, "");
-  std::cout << "retry-afters " << line->value("retry_afters", 0ULL) << ", slots given back "
-            << line->value("yields", 0ULL) << "\n";
+  const json line = expect_every_item_through_a_full_pool(2, 40, {{"reserve_hold_ms", 0}});
+  std::cout << "retry-afters " << line.value("retry_afters", 0ULL) << ", slots given back "
+            << line.value("yields", 0ULL) << "\n";
 }
 
 // 4. One image in 50 requests: one write and one landing; every other transfer is a

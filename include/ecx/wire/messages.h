@@ -2,9 +2,11 @@
 // Control-plane messages as plain structs. The codec (codec.h) turns them into
 // msgpack frames and back; docs/protocol.md gives the field-by-field wire format.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -44,6 +46,9 @@ struct HelloReply {
   DataPlane data;
   std::uint64_t pool_bytes = 0;        // receive pool capacity
   std::uint64_t max_tensor_bytes = 0;  // largest single payload accepted
+  bool has_feature(std::string_view feature) const {
+    return std::find(features.begin(), features.end(), feature) != features.end();
+  }
   friend bool operator==(const HelloReply&, const HelloReply&) = default;
 };
 

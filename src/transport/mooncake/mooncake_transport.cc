@@ -1,5 +1,4 @@
 #include "ecx/transport/mooncake_transport.h"
-#include "ecx/core/thread_name.h"
 
 #include <condition_variable>
 #include <cstdlib>
@@ -13,6 +12,7 @@
 
 #include "core/logging.h"
 #include "ecx/core/config.h"
+#include "ecx/core/thread_name.h"
 #include "transport/mooncake/mooncake_api.h"
 
 namespace ecx::transport {
