@@ -8,6 +8,7 @@
 #include <zmq.hpp>
 
 #include "control/counters.h"
+#include "control/local_events.h"
 #include "control/zmq_util.h"
 #include "core/logging.h"
 #include "ecx/wire/auth.h"
@@ -40,12 +41,21 @@ struct EventInbox::State {
   TimePoint next_attempt{};
   std::atomic<bool> is_subscribed{false};
   std::atomic<std::size_t> shards{0};
+  // Shards served in this process deliver here instead of through `pull`.
+  std::shared_ptr<detail::LocalEventQueue> local;
+  std::vector<std::string> local_instances;
+  std::size_t remote_shards = 0;
 
   std::array<Counter, wire::kEventKindCount> received;
-  Counter malformed, unknown, auth_failures, discoveries_started, discoveries_failed;
+  Counter malformed, unknown, auth_failures, discoveries_started, discoveries_failed, received_in_process;
 
   State(ControlClient& c, InboxOptions o) : client(c), options(std::move(o)) {}
+  ~State() { leave_local(); }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
 
+  void leave_local();
+  void reset();
   void advance();
   void install(const Topology& topology);
   std::size_t receive(std::vector<wire::Event>& out);
@@ -69,14 +79,24 @@ EventInbox::~EventInbox() = default;
 bool EventInbox::subscribed() const noexcept { return state_->is_subscribed.load(std::memory_order_acquire); }
 std::size_t EventInbox::shard_count() const noexcept { return state_->shards.load(std::memory_order_acquire); }
 
-void EventInbox::resubscribe() {
-  State& s = *state_;
-  s.pull.reset();
-  s.is_subscribed.store(false, std::memory_order_release);
-  s.shards.store(0, std::memory_order_release);
-  s.discovery.reset();  // a discovery still running finishes into an orphaned slot
-  s.client.forget_topology(s.options.base_address);
-  s.next_attempt = TimePoint{};
+void EventInbox::resubscribe() { state_->reset(); }
+
+void EventInbox::State::leave_local() {
+  for (const auto& instance : local_instances)
+    detail::LocalEventRegistry::instance().unsubscribe(instance, local.get());
+  local_instances.clear();
+  local.reset();
+}
+
+void EventInbox::State::reset() {
+  leave_local();
+  pull.reset();
+  remote_shards = 0;
+  is_subscribed.store(false, std::memory_order_release);
+  shards.store(0, std::memory_order_release);
+  discovery.reset();  // a discovery still running finishes into an orphaned slot
+  client.forget_topology(options.base_address);
+  next_attempt = TimePoint{};
 }
 
 InboxCounters EventInbox::counters() const {
@@ -88,12 +108,14 @@ InboxCounters EventInbox::counters() const {
   c.auth_failures = s.auth_failures.get();
   c.discoveries_started = s.discoveries_started.get();
   c.discoveries_failed = s.discoveries_failed.get();
+  c.received_in_process = s.received_in_process.get();
   return c;
 }
 
 std::size_t EventInbox::drain(std::vector<wire::Event>& out) {
-  state_->advance();
-  return state_->pull ? state_->receive(out) : 0;
+  State& s = *state_;
+  s.advance();
+  return s.receive(out);
 }
 
 std::size_t EventInbox::wait_and_drain(std::vector<wire::Event>& out, Duration max_wait) {
@@ -108,10 +130,22 @@ std::size_t EventInbox::wait_and_drain(std::vector<wire::Event>& out, Duration m
   }
   if (!s.pull) return 0;
   if (const std::size_t n = s.receive(out); n > 0) return n;
-  std::vector<zmq_pollitem_t> items = {{s.pull->handle(), 0, ZMQ_POLLIN, 0}};
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  (void)detail::poll(items, std::max<long>(0, static_cast<long>(left.count())));
-  return s.receive(out);
+  if (s.remote_shards == 0) {
+    // Every shard is in this process: woken by the publish itself.
+    if (s.local) s.local->wait_until(deadline);
+    return s.receive(out);
+  }
+  // Network shards, perhaps local ones too: poll in slices short enough that a local
+  // event waits at most one of them.
+  const auto slice = std::chrono::milliseconds(s.local ? 1 : 1000);
+  for (;;) {
+    std::vector<zmq_pollitem_t> items = {{s.pull->handle(), 0, ZMQ_POLLIN, 0}};
+    const auto now = std::chrono::steady_clock::now();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(std::min<Duration>(deadline - now, slice));
+    (void)detail::poll(items, std::max<long>(0, static_cast<long>(left.count())));
+    const std::size_t n = s.receive(out);
+    if (n > 0 || !s.pull || std::chrono::steady_clock::now() >= deadline) return n;
+  }
 }
 
 void EventInbox::State::advance() {
@@ -151,9 +185,21 @@ void EventInbox::State::install(const Topology& topology) {
     detail::set_common_options(socket, options.limits);
     socket.set(zmq::sockopt::reconnect_ivl, 100);
     socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
-    for (const ShardEndpoint& shard : topology.shards) socket.connect(shard.events);
+    local = std::make_shared<detail::LocalEventQueue>(options.max_events_per_drain);
+    for (const ShardEndpoint& shard : topology.shards) {
+      if (options.in_process && !shard.hello.instance.empty() &&
+          detail::LocalEventRegistry::instance().subscribe(shard.hello.instance, options.auth_secret, local)) {
+        local_instances.push_back(shard.hello.instance);
+      } else {
+        socket.connect(shard.events);
+        ++remote_shards;
+      }
+    }
+    if (local_instances.empty()) local.reset();
     pull.emplace(std::move(socket));
   } catch (const zmq::error_t& e) {
+    leave_local();
+    remote_shards = 0;
     discoveries_failed.add();
     next_attempt = options.clock->now() + options.retry_interval;
     log->warn("event channel of {} could not connect: {}", options.base_address, e.what());
@@ -161,12 +207,19 @@ void EventInbox::State::install(const Topology& topology) {
   }
   shards.store(topology.shards.size(), std::memory_order_release);
   is_subscribed.store(true, std::memory_order_release);
-  log->info("subscribed to the events of {} shard(s) of {}", topology.shards.size(), options.base_address);
+  log->info("subscribed to the events of {} shard(s) of {} ({} in this process)", topology.shards.size(),
+            options.base_address, local_instances.size());
 }
 
 std::size_t EventInbox::State::receive(std::vector<wire::Event>& out) {
+  if (!pull) return 0;
   const std::size_t before = out.size();
-  for (std::size_t n = 0; n < options.max_events_per_drain; ++n) {
+  if (local) {
+    // In-process events were checked by their publisher; no frame, no signature.
+    received_in_process.add(local->take(out, options.max_events_per_drain));
+    for (std::size_t i = before; i < out.size(); ++i) received[static_cast<std::size_t>(out[i].kind)].add();
+  }
+  for (std::size_t n = out.size() - before; n < options.max_events_per_drain; ++n) {
     std::optional<detail::Message> message;
     try {
       message = detail::receive(*pull, 2);
@@ -176,6 +229,12 @@ std::size_t EventInbox::State::receive(std::vector<wire::Event>& out) {
     }
     if (!message) break;
     accept(*message, out);
+  }
+  if (local && local->take_publisher_left()) {
+    // A shard of this process stopped; a successor is a new instance. What it
+    // handed over before it stopped was taken above.
+    log->info("a shard of {} in this process stopped; discovering its shards again", options.base_address);
+    reset();
   }
   return out.size() - before;
 }

@@ -9,6 +9,7 @@
 #include <zmq.hpp>
 
 #include "control/counters.h"
+#include "control/local_events.h"
 #include "control/zmq_util.h"
 #include "core/logging.h"
 #include "ecx/core/thread_name.h"
@@ -110,6 +111,9 @@ struct ControlServer::State {
   wire::Reply dispatch(wire::DecodedRequest& decoded);
   void send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign);
   bool flush_events();
+  // Moves the queued events to an in-process subscriber; false when there is none.
+  bool hand_over_locally();
+  void note_dropped(std::uint64_t dropped, const std::string& transfer_id) const;
   void maybe_tick();
   // Whether `reply` may be held: a reserve batch whose every item is retry_after.
   bool should_hold(const wire::DecodedRequest& decoded, const wire::Reply& reply) const;
@@ -184,6 +188,7 @@ Result<std::unique_ptr<ControlServer>> ControlServer::start(ServerOptions option
     name_this_thread("ecx-ctl-server");
     s.run();
   });
+  detail::LocalEventRegistry::instance().add_publisher(s.instance, s.options.auth_secret, [&s] { s.wakeup.notify(); });
   return std::unique_ptr<ControlServer>(new ControlServer(std::move(state)));
 }
 
@@ -193,6 +198,7 @@ ControlServer::~ControlServer() { stop(); }
 
 void ControlServer::stop() {
   if (!state_->thread.joinable()) return;
+  detail::LocalEventRegistry::instance().remove_publisher(state_->instance);
   state_->stopping.store(true, std::memory_order_release);
   state_->wakeup.notify();
   state_->thread.join();
@@ -213,24 +219,38 @@ Status ControlServer::publish(wire::Event event) {
   event.shard = s.options.tp_rank;
   event.instance = s.instance;
   std::uint64_t dropped = 0;
-  std::string dropped_id;
+  std::optional<std::string> dropped_id;
+  const auto local = detail::LocalEventRegistry::instance().subscriber(s.instance);
+  bool delivered = false;
   {
     std::lock_guard lock(s.events_mutex);
-    if (s.events.size() >= s.options.event_queue_max) {
-      dropped_id = std::move(s.events.front().transfer_id);
-      s.events.pop_front();
+    if (local && s.events.empty()) {
+      // A subscriber in this process, nothing older still queued: straight to it.
+      dropped_id = local->push(std::move(event));
+      delivered = true;
+    } else {
+      if (s.events.size() >= s.options.event_queue_max) {
+        dropped_id = std::move(s.events.front().transfer_id);
+        s.events.pop_front();
+      }
+      s.events.push_back(std::move(event));
+    }
+    if (dropped_id) {
       s.events_dropped.add();
       dropped = s.events_dropped.get();
     }
-    s.events.push_back(std::move(event));
   }
   s.events_published.add();
-  if (dropped != 0 && should_log_drop(dropped)) {
-    s.log->warn("event backlog full ({} events): dropped the oldest, for transfer_id={} ({} dropped so far)",
-                s.options.event_queue_max, dropped_id, dropped);
-  }
-  s.wakeup.notify();
+  if (delivered) s.events_sent.add();
+  if (dropped_id) s.note_dropped(dropped, *dropped_id);
+  if (!delivered) s.wakeup.notify();
   return Status::ok();
+}
+
+void ControlServer::State::note_dropped(std::uint64_t dropped, const std::string& transfer_id) const {
+  if (!should_log_drop(dropped)) return;
+  log->warn("event backlog full ({} events): dropped the oldest, for transfer_id={} ({} dropped so far)",
+            options.event_queue_max, transfer_id, dropped);
 }
 
 void ControlServer::capacity_changed() noexcept {
@@ -381,8 +401,24 @@ void ControlServer::State::maybe_tick() {
   if (next_tick <= now) next_tick = now + options.tick_interval;
 }
 
+bool ControlServer::State::hand_over_locally() {
+  const auto local = detail::LocalEventRegistry::instance().subscriber(instance);
+  if (!local) return false;
+  std::lock_guard lock(events_mutex);
+  while (!events.empty()) {
+    events_sent.add();
+    if (auto dropped_id = local->push(std::move(events.front()))) {
+      events_dropped.add();
+      note_dropped(events_dropped.get(), *dropped_id);
+    }
+    events.pop_front();
+  }
+  return true;
+}
+
 // True when the queue is empty; false when the PUSH socket would block.
 bool ControlServer::State::flush_events() {
+  if (hand_over_locally()) return true;
   for (;;) {
     wire::Event event;
     {

@@ -1,8 +1,10 @@
 #pragma once
 // The consumer scheduler's view of its workers' events: one PULL socket connected to
-// every shard's event endpoint. The endpoints come from a discovery that runs on
-// the control client's thread, so drain() never blocks: until the discovery has
-// finished it returns nothing, and a failed discovery is retried later.
+// every shard's event endpoint, or, for a shard served in this same process, an
+// in-memory queue its server delivers to directly (src/control/local_events.h).
+// The endpoints come from a discovery that runs on the control client's thread, so
+// drain() never blocks: until the discovery has finished it returns nothing, and a
+// failed discovery is retried later.
 //
 // Owned by one thread (the scheduler's): drain() and wait_and_drain() must not be
 // called concurrently. Malformed, unknown, unauthenticated or replayed events are
@@ -28,6 +30,9 @@ struct InboxOptions {
   std::size_t max_events_per_drain = 4096;
   wire::Limits limits;
   std::string auth_secret;  // "" = authentication off
+  // Shards served in this process (same instance, same secret) hand their events
+  // over in memory: no encode, no server thread, no socket. Off: always the network.
+  bool in_process = true;
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
   wire::WallClock wall_clock = wire::system_wall_clock();
 };
@@ -39,6 +44,7 @@ struct InboxCounters {
   std::uint64_t auth_failures = 0;
   std::uint64_t discoveries_started = 0;
   std::uint64_t discoveries_failed = 0;
+  std::uint64_t received_in_process = 0;  // of `received`, handed over in memory
 };
 
 class EventInbox {

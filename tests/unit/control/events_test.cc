@@ -47,10 +47,12 @@ bool wait_subscribed(EventInbox& inbox, std::vector<wire::Event>& out, std::chro
   return inbox.subscribed();
 }
 
-std::unique_ptr<EventInbox> make_inbox(ControlClient& client, const std::string& base, const std::string& secret = "") {
+std::unique_ptr<EventInbox> make_inbox(ControlClient& client, const std::string& base, const std::string& secret = "",
+                                       bool in_process = true) {
   InboxOptions o;
   o.base_address = base;
   o.auth_secret = secret;
+  o.in_process = in_process;
   o.discovery_timeout = 2s;
   return testing::must(EventInbox::create(client, o));
 }
@@ -79,6 +81,89 @@ TEST(ControlEvents, ReadinessFromEveryShardReachesTheInbox) {
   EXPECT_EQ(events[1].spec, testing::spec({4, 8}));
   EXPECT_EQ(inbox->counters().received[static_cast<int>(wire::EventKind::ready)], 2u);
   EXPECT_EQ(shards[0]->counters().events_sent, 1u);
+}
+
+TEST(ControlEvents, ShardsInThisProcessHandOverInMemoryAndTheNetworkPathStaysAvailable) {
+  for (const bool in_process : {true, false}) {
+    auto handler = std::make_shared<TestHandler>();
+    auto shards = testing::start_shards(2, handler);
+    ASSERT_EQ(shards.size(), 2u);
+    auto client = testing::must(ControlClient::create(ClientOptions{}));
+    auto inbox = make_inbox(*client, local(shards[0]->port()), "", in_process);
+    std::vector<wire::Event> out;
+    ASSERT_TRUE(wait_subscribed(*inbox, out));
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE(shards[i % 2]->publish(ready_event("t-" + std::to_string(i))).is_ok());
+    auto events = collect(*inbox, 6);
+    ASSERT_EQ(events.size(), 6u) << "in_process=" << in_process;
+    std::vector<std::string> from_shard_0;
+    for (const auto& e : events) {
+      if (e.shard == 0) from_shard_0.push_back(e.transfer_id);
+      EXPECT_EQ(e.instance, shards[e.shard]->instance());
+    }
+    EXPECT_EQ(from_shard_0, (std::vector<std::string>{"t-0", "t-2", "t-4"})) << "one shard's events keep their order";
+    const auto c = inbox->counters();
+    EXPECT_EQ(c.received[static_cast<int>(wire::EventKind::ready)], 6u);
+    EXPECT_EQ(c.received_in_process, in_process ? 6u : 0u);
+    EXPECT_EQ(shards[0]->counters().events_sent + shards[1]->counters().events_sent, 6u);
+  }
+}
+
+TEST(ControlEvents, EventsQueuedBeforeAnInProcessSubscriptionAreHandedOverWhenItComes) {
+  auto handler = std::make_shared<TestHandler>();
+  auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(server->publish(ready_event("early-" + std::to_string(i))).is_ok());
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, local(server->port()));
+  std::vector<wire::Event> out;
+  ASSERT_TRUE(wait_subscribed(*inbox, out));
+  ASSERT_TRUE(server->publish(ready_event("late")).is_ok());
+  auto events = collect(*inbox, 4 - out.size());
+  events.insert(events.begin(), out.begin(), out.end());
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].transfer_id, "early-0");
+  EXPECT_EQ(events[2].transfer_id, "early-2");
+  EXPECT_EQ(events[3].transfer_id, "late") << "nothing overtakes what waited";
+  EXPECT_EQ(inbox->counters().received_in_process, 4u);
+}
+
+TEST(ControlEvents, AWaitingInboxWakesForAnInProcessEvent) {
+  auto handler = std::make_shared<TestHandler>();
+  auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, local(server->port()));
+  std::vector<wire::Event> out;
+  ASSERT_TRUE(wait_subscribed(*inbox, out));
+  std::thread publisher([&] { EXPECT_TRUE(server->publish(ready_event("t-wake")).is_ok()); });
+  // Returns with the event whether it was published before the wait began or during
+  // it (the 10 s bound only stops a broken build from hanging).
+  inbox->wait_and_drain(out, 10s);
+  publisher.join();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].transfer_id, "t-wake");
+}
+
+TEST(ControlEvents, AShardOfThisProcessThatRestartsIsFoundAgain) {
+  auto handler = std::make_shared<TestHandler>();
+  auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+  const int port = server->port();
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, local(port));
+  std::vector<wire::Event> out;
+  ASSERT_TRUE(wait_subscribed(*inbox, out));
+  ASSERT_TRUE(server->publish(ready_event("before")).is_ok());
+  server.reset();  // its event, already handed over, is not lost
+  EXPECT_EQ(collect(*inbox, 1).at(0).transfer_id, "before");
+  EXPECT_FALSE(inbox->subscribed()) << "a stopped shard's successor is a new instance: discovered again";
+  ServerOptions again;
+  again.port = port;
+  auto successor = testing::must(ControlServer::start(again, handler));
+  ASSERT_TRUE(wait_subscribed(*inbox, out));
+  ASSERT_TRUE(successor->publish(ready_event("after")).is_ok());
+  const auto events = collect(*inbox, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].transfer_id, "after");
+  EXPECT_EQ(events[0].instance, successor->instance());
+  EXPECT_EQ(inbox->counters().received_in_process, 2u);
 }
 
 TEST(ControlEvents, PublishRefusesAnEventThatCannotBeSent) {
@@ -253,6 +338,7 @@ TEST(ControlEvents, AuthenticatedEventsNeedTheRightKey) {
     }
     EXPECT_TRUE(out.empty());
     EXPECT_EQ(inbox->counters().auth_failures, 10u);
+    EXPECT_EQ(inbox->counters().received_in_process, 0u) << "another key never takes the in-memory path";
   }
 }
 
