@@ -83,8 +83,9 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   }
 
   Result<EndpointHandle> connect(std::string_view address) override {
-    return worker_.call<EndpointHandle>(
-        [this, address = std::string(address)]() { return endpoints_.connect(address); });
+    std::string peer(address);
+    if (auto known = endpoints_.connected(peer)) return *known;
+    return worker_.call<EndpointHandle>([this, peer = std::move(peer)]() { return endpoints_.connect(peer); });
   }
 
   Status send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region, std::uint64_t offset,

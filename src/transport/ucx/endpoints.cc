@@ -128,9 +128,20 @@ Result<EndpointHandle> Endpoints::connect(const std::string& address) {
   }
   const EndpointHandle handle{endpoint->id};
   endpoints_by_peer_.emplace(address, endpoint->id);
+  {
+    std::lock_guard lock(connected_mutex_);
+    connected_.insert_or_assign(address, endpoint->id);
+  }
   endpoint_by_ucp_.emplace(endpoint->ep, endpoint->id);
   endpoints_.emplace(endpoint->id, std::move(endpoint));
   return handle;
+}
+
+std::optional<EndpointHandle> Endpoints::connected(const std::string& address) const {
+  std::lock_guard lock(connected_mutex_);
+  const auto found = connected_.find(address);
+  if (found == connected_.end()) return std::nullopt;
+  return EndpointHandle{found->second};
 }
 
 Endpoint* Endpoints::find(std::uint64_t id) {
@@ -162,7 +173,11 @@ void Endpoints::fail(std::uint64_t id, const Status& status, bool peer_failed, b
   } else {
     logger()->debug("closing the endpoint to {}: {}", printable(endpoint.peer), status.message());
   }
-  if (endpoint.outgoing) endpoints_by_peer_.erase(endpoint.peer);
+  if (endpoint.outgoing) {
+    endpoints_by_peer_.erase(endpoint.peer);
+    std::lock_guard lock(connected_mutex_);
+    connected_.erase(endpoint.peer);
+  }
   endpoint_by_ucp_.erase(endpoint.ep);
 
   observer_->on_endpoint_failed(endpoint, status);

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -63,6 +65,9 @@ class Endpoints {
 
   Result<std::string> listen(const std::string& host, int port);
   Result<EndpointHandle> connect(const std::string& address);
+  // Any thread: the endpoint connect() made to `address`, while it has not failed.
+  // Spares a sender the round trip to the progress thread before every send.
+  std::optional<EndpointHandle> connected(const std::string& address) const;
 
   Endpoint* find(std::uint64_t id);
   // The id of the endpoint behind `ep`, when it is one of ours and has not failed; 0 otherwise.
@@ -108,6 +113,9 @@ class Endpoints {
   std::string listen_address_;
   std::unordered_map<std::uint64_t, std::unique_ptr<Endpoint>> endpoints_;
   std::unordered_map<std::string, std::uint64_t> endpoints_by_peer_;
+  // endpoints_by_peer_ for other threads: written with it, on the progress thread.
+  mutable std::mutex connected_mutex_;
+  std::unordered_map<std::string, std::uint64_t> connected_;  // guarded by connected_mutex_
   std::unordered_map<ucp_ep_h, std::uint64_t> endpoint_by_ucp_;
   std::deque<ucp_conn_request_h> conn_requests_;
   std::deque<std::pair<std::uint64_t, Status>> failed_endpoints_;

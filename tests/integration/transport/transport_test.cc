@@ -294,7 +294,8 @@ class SenderTest : public ::testing::TestWithParam<Variant> {
     auto region = transport_->register_region(slab_->data(), slab_->size(), MemoryKind::host);
     ASSERT_TRUE(region);
     region_ = *region;
-    auto endpoint = transport_->connect(line->substr(8));
+    address_ = line->substr(8);
+    auto endpoint = transport_->connect(address_);
     ASSERT_TRUE(endpoint) << endpoint.status().to_string();
     endpoint_ = *endpoint;
   }
@@ -336,6 +337,7 @@ class SenderTest : public ::testing::TestWithParam<Variant> {
   std::unique_ptr<ChildProcess> receiver_;
   std::unique_ptr<Transport> transport_;
   RegionHandle region_;
+  std::string address_;
   EndpointHandle endpoint_;
   std::mutex peer_failure_mutex_;
   std::condition_variable peer_failure_seen_;
@@ -348,6 +350,9 @@ TEST_P(SenderTest, DeliversAndTheReceiverVerifies) {
   EXPECT_TRUE(completion->status->is_ok()) << completion->status->to_string();
   auto line = receiver_->read_line(30s);
   EXPECT_EQ(line.value_or(""), "landed 1 ok verified");
+  auto again = transport_->connect(address_);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, endpoint_) << "a working endpoint is reused";
 }
 
 TEST_P(SenderTest, StuckReceiverFailsTheSendAtItsDeadline) {
@@ -364,6 +369,9 @@ TEST_P(SenderTest, StuckReceiverFailsTheSendAtItsDeadline) {
     auto stale = send(3, 1000, 0, 5s);
     ASSERT_TRUE(stale->wait(30s));
     EXPECT_EQ(stale->status->code(), StatusCode::unavailable);
+    auto fresh = transport_->connect(address_);
+    ASSERT_TRUE(fresh) << fresh.status().to_string();
+    EXPECT_NE(*fresh, endpoint_) << "a closed endpoint is never handed out again";
   }
 }
 
