@@ -42,14 +42,20 @@ wire::Event ready_event(const std::string& transfer_id) {
   return e;
 }
 
+// One consumer shard on loopback and a control client to reach it.
+struct OneShard {
+  std::shared_ptr<control::testing::TestHandler> handler = std::make_shared<control::testing::TestHandler>();
+  std::vector<std::unique_ptr<control::ControlServer>> shards = control::testing::start_shards(1, handler);
+  std::shared_ptr<control::ControlClient> client = control::testing::must(control::ControlClient::create({}));
+};
+
 // A drain smaller than what the inbox received loses nothing: the rest comes in
 // the following drains, in order.
 TEST(InboxEventSource, EventsBeyondOneDrainsBoundComeInTheNextDrains) {
-  auto handler = std::make_shared<control::testing::TestHandler>();
-  auto shards = control::testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  std::shared_ptr<control::ControlClient> client = control::testing::must(control::ControlClient::create({}));
-  auto source = make_event_source(client, consumer_config(shards[0]->port()), SteadyClock::shared());
+  OneShard consumer;
+  ASSERT_EQ(consumer.shards.size(), 1u);
+  auto& shards = consumer.shards;
+  auto source = make_event_source(consumer.client, consumer_config(shards[0]->port()), SteadyClock::shared());
 
   // Subscribe first (bounded): events published before the subscription are not the point.
   std::vector<scheduler::TransferEvent> out;
@@ -83,11 +89,10 @@ TEST(InboxEventSource, EventsBeyondOneDrainsBoundComeInTheNextDrains) {
 // An engine loop that idles with wait() instead of a fixed pause: wait() returns
 // true once an event can be drained, and the drain then hands it on.
 TEST(InboxEventSource, WaitReturnsOnceAnEventCanBeDrained) {
-  auto handler = std::make_shared<control::testing::TestHandler>();
-  auto shards = control::testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  std::shared_ptr<control::ControlClient> client = control::testing::must(control::ControlClient::create({}));
-  auto source = make_event_source(client, consumer_config(shards[0]->port()), SteadyClock::shared());
+  OneShard consumer;
+  ASSERT_EQ(consumer.shards.size(), 1u);
+  auto& shards = consumer.shards;
+  auto source = make_event_source(consumer.client, consumer_config(shards[0]->port()), SteadyClock::shared());
   EXPECT_FALSE(source->wait(20ms)) << "nothing published: the wait ends at its bound";  // also subscribes
   const auto subscribe_by = std::chrono::steady_clock::now() + 10s;
   while (source->shard_count() == 0 && std::chrono::steady_clock::now() < subscribe_by) (void)source->wait(20ms);
