@@ -111,7 +111,8 @@ struct ControlServer::State {
   wire::Reply dispatch(wire::DecodedRequest& decoded);
   void send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign);
   bool flush_events();
-  // Moves the queued events to an in-process subscriber; false when there is none.
+  // Moves the queued events to an in-process subscriber; false when none is queued or
+  // there is no such subscriber.
   bool hand_over_locally();
   void note_dropped(std::uint64_t dropped, const std::string& transfer_id) const;
   void maybe_tick();
@@ -402,6 +403,10 @@ void ControlServer::State::maybe_tick() {
 }
 
 bool ControlServer::State::hand_over_locally() {
+  {
+    std::lock_guard lock(events_mutex);
+    if (events.empty()) return false;  // nothing to move: spare the registry's lock on every turn
+  }
   const auto local = detail::LocalEventRegistry::instance().subscriber(instance);
   if (!local) return false;
   std::lock_guard lock(events_mutex);
