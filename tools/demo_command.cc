@@ -123,6 +123,8 @@ json progress_json(const sim::Progress& p) {
               {"pool_used_bytes", p.pool_used_bytes},
               {"pool_capacity", p.pool_capacity},
               {"resident_bytes", p.resident_bytes},
+              {"records_writing", p.records_writing},
+              {"records_ready", p.records_ready},
               {"tombstones", p.tombstones},
               {"tombstone_bound", p.tombstone_bound},
               {"encoder_cache_bytes", p.encoder_cache_bytes},
@@ -380,13 +382,15 @@ Status plot_soak(const std::string& png, const std::vector<json>& samples) {
 }
 
 void render_progress(const json& p, bool tty) {
-  const auto line =
-      fmt::format("requests {}/{} ready, {} failed | {} moved | in flight {} | pool {} / {} | {:.1f} s",
-                  p.value("requests_ready", 0),
-                  std::max<std::uint64_t>(p.value("requests_total", 0ULL), p.value("requests_admitted", 0ULL)),
-                  p.value("requests_failed", 0), human_bytes(p.value("bytes_moved", 0.0)), p.value("in_flight", 0),
-                  human_bytes(p.value("pool_used_bytes", 0.0)), human_bytes(p.value("pool_capacity", 0.0)),
-                  p.value("elapsed_s", 0.0));
+  const auto line = fmt::format(
+      "requests {}/{} ready, {} failed | {} moved | in flight {} | pool {} / {} ({} being written, {} "
+      "landed and not loaded, {} resident) | {:.1f} s",
+      p.value("requests_ready", 0),
+      std::max<std::uint64_t>(p.value("requests_total", 0ULL), p.value("requests_admitted", 0ULL)),
+      p.value("requests_failed", 0), human_bytes(p.value("bytes_moved", 0.0)), p.value("in_flight", 0),
+      human_bytes(p.value("pool_used_bytes", 0.0)), human_bytes(p.value("pool_capacity", 0.0)),
+      p.value("records_writing", 0), p.value("records_ready", 0), human_bytes(p.value("resident_bytes", 0.0)),
+      p.value("elapsed_s", 0.0));
   if (tty) {
     std::cout << "\r\033[K" << line << std::flush;
   } else {

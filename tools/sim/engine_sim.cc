@@ -551,6 +551,8 @@ struct ConsumerSim::State {
         p.pool_used_bytes += c.pool_used_bytes;
         p.pool_capacity += c.pool_capacity;
         p.resident_bytes += c.resident_bytes;
+        p.records_writing += c.writers + c.followers;
+        p.records_ready += c.ready;
         p.tombstones += c.tombstones;
         p.tombstone_bound += options.config.tombstone_max;
       }

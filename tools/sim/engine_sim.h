@@ -41,6 +41,8 @@ struct Progress {
   std::uint64_t pool_used_bytes = 0;
   std::uint64_t pool_capacity = 0;
   std::uint64_t resident_bytes = 0;       // of pool_used_bytes: landed copies kept for reuse
+  std::uint64_t records_writing = 0;      // reservations not landed yet, all shards
+  std::uint64_t records_ready = 0;        // landed, waiting for the engine to load them, all shards
   std::uint64_t tombstones = 0;           // terminal records the reservation managers keep
   std::uint64_t tombstone_bound = 0;      // their cap (tombstone_max per shard), all shards
   std::uint64_t encoder_cache_bytes = 0;  // the simulated engine's encoder caches, all ranks (pages mapped)
