@@ -619,12 +619,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       zmq::pollitem_t item{static_cast<void*>(s.admit), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(1));
     } else {
-      // vLLM steps again at once while requests wait; the sim does not spin on 2
-      // cores, it idles until a shard's event comes (or the pause ends, for admits).
-      const auto idle_from = std::chrono::steady_clock::now();
-      if (!s.scheduler->wait_for_events(kBusyPause) && std::chrono::steady_clock::now() - idle_from < kBusyPause / 2) {
-        std::this_thread::sleep_for(kBusyPause);
-      }
+      std::this_thread::sleep_for(kBusyPause);
     }
   }
   // Whatever is still pending at the deadline failed.

@@ -87,12 +87,6 @@ void ConsumerChannel::close() {
 
 // ---------------------------------------------------------------- draining
 
-bool ConsumerChannel::wait_for_events(Duration max_wait) {
-  if (closed_ || !events_ || !events_->wait(max_wait)) return false;
-  drain_pending_ = true;
-  return true;
-}
-
 void ConsumerChannel::drain(TimePoint now) {
   if (!drain_pending_ && now - drained_at_ < options_.drain_min_interval) return;
   drain_pending_ = false;

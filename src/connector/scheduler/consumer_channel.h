@@ -56,8 +56,6 @@ class ConsumerChannel {
   // Polls finished cancels, applies queued events, then the table's deadlines
   // (cancelling what expired). Skipped unless re-armed or drain_min_interval passed.
   void drain(TimePoint now);
-  // See SchedulerCoordinator::wait_for_events(). Re-arms the drain when an event came.
-  bool wait_for_events(Duration max_wait);
   // A step boundary: the next drain() runs whatever the interval.
   void rearm_drain() noexcept { drain_pending_ = true; }
   // Cancels `transfer_id` in the table and, unless its name is invented or no

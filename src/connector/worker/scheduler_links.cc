@@ -60,13 +60,6 @@ class InboxEventSource final : public scheduler::EventSource {
     }
     return appended;
   }
-  bool wait(Duration max_wait) override {
-    if (!inbox_) return false;
-    if (next_ < buffer_.size()) return true;
-    buffer_.clear();
-    next_ = 0;
-    return inbox_->wait_and_drain(buffer_, max_wait) > 0;
-  }
   int shard_count() const override { return inbox_ ? static_cast<int>(inbox_->shard_count()) : 0; }
   void close() override { inbox_.reset(); }
 

@@ -86,28 +86,5 @@ TEST(InboxEventSource, EventsBeyondOneDrainsBoundComeInTheNextDrains) {
   EXPECT_EQ(source->drain(out, 3), 0u);
 }
 
-// An engine loop that idles with wait() instead of a fixed pause: wait() returns
-// true once an event can be drained, and the drain then hands it on.
-TEST(InboxEventSource, WaitReturnsOnceAnEventCanBeDrained) {
-  OneShard consumer;
-  ASSERT_EQ(consumer.shards.size(), 1u);
-  auto& shards = consumer.shards;
-  auto source = make_event_source(consumer.client, consumer_config(shards[0]->port()), SteadyClock::shared());
-  EXPECT_FALSE(source->wait(20ms)) << "nothing published: the wait ends at its bound";  // also subscribes
-  const auto subscribe_by = std::chrono::steady_clock::now() + 10s;
-  while (source->shard_count() == 0 && std::chrono::steady_clock::now() < subscribe_by) (void)source->wait(20ms);
-  ASSERT_EQ(source->shard_count(), 1);
-
-  std::thread publisher([&] { EXPECT_TRUE(shards[0]->publish(ready_event("t-waited")).is_ok()); });
-  const bool woke = source->wait(10s);  // the bound only stops a broken build from hanging
-  publisher.join();
-  ASSERT_TRUE(woke);
-  std::vector<scheduler::TransferEvent> out;
-  ASSERT_EQ(source->drain(out, 16), 1u);
-  EXPECT_EQ(out[0].transfer_id, "t-waited");
-  source->close();
-  EXPECT_FALSE(source->wait(1ms));
-}
-
 }  // namespace
 }  // namespace ecx::worker

@@ -9,7 +9,6 @@
 #include <string_view>
 #include <vector>
 
-#include "ecx/core/clock.h"
 #include "ecx/core/ids.h"
 #include "ecx/core/status.h"
 #include "ecx/core/tensor_spec.h"
@@ -42,13 +41,6 @@ class EventSource {
   // how many it appended. Subscription and topology discovery happen elsewhere
   // (no events until they are done).
   virtual std::size_t drain(std::vector<TransferEvent>& out, std::size_t max_events) = 0;
-  // Blocks up to `max_wait` until drain() has an event to give, for an engine loop
-  // that idles between steps instead of spinning. True when it has. A source that
-  // cannot wait returns false at once.
-  virtual bool wait(Duration max_wait) {
-    (void)max_wait;
-    return false;
-  }
   // Consumer shards whose events this source delivers; 0 while not subscribed.
   // A transfer is loadable only when this many distinct shards reported it.
   virtual int shard_count() const = 0;

@@ -141,10 +141,6 @@ class SchedulerCoordinator {
   FinishedResult request_finished(const RequestView& request);
   // Requests whose encoder inputs cannot be had; each request is returned once.
   std::vector<std::string> take_unavailable_requests();
-  // Consumer: blocks up to `max_wait` (real time) until a shard's event arrived, for
-  // an engine loop that would otherwise sleep a fixed pause between steps; the next
-  // step then handles it. False at once where events cannot be waited for.
-  bool wait_for_events(Duration max_wait);
   // True only while a step would do connector work: producer pushes still in
   // flight (as the workers last reported), or asynchronous loads not reported yet.
   bool has_pending_push_work() const noexcept;
