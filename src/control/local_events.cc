@@ -28,15 +28,10 @@ std::size_t LocalEventQueue::take(std::vector<wire::Event>& out, std::size_t max
   return n;
 }
 
-bool LocalEventQueue::wait_until(std::chrono::steady_clock::time_point deadline) {
+void LocalEventQueue::wait_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
-  return arrived_.wait_until(lock, deadline,
-                             [&] { return !events_.empty() || publisher_left_.load(std::memory_order_acquire); });
-}
-
-bool LocalEventQueue::empty() const {
-  std::lock_guard lock(mutex_);
-  return events_.empty();
+  (void)arrived_.wait_until(lock, deadline,
+                            [&] { return !events_.empty() || publisher_left_.load(std::memory_order_acquire); });
 }
 
 void LocalEventQueue::publisher_left() noexcept {
@@ -52,6 +47,10 @@ LocalEventRegistry& LocalEventRegistry::instance() {
   return registry;
 }
 
+LocalEventRegistry::Publishers::iterator LocalEventRegistry::find_locked(const std::string& instance) {
+  return std::find_if(publishers_.begin(), publishers_.end(), [&](const auto& p) { return p.first == instance; });
+}
+
 void LocalEventRegistry::add_publisher(const std::string& instance, const std::string& secret,
                                        std::function<void()> wake) {
   std::lock_guard lock(mutex_);
@@ -62,8 +61,7 @@ void LocalEventRegistry::remove_publisher(const std::string& instance) {
   std::shared_ptr<LocalEventQueue> subscriber;
   {
     std::lock_guard lock(mutex_);
-    const auto it =
-        std::find_if(publishers_.begin(), publishers_.end(), [&](const auto& p) { return p.first == instance; });
+    const auto it = find_locked(instance);
     if (it == publishers_.end()) return;
     subscriber = it->second.subscriber.lock();
     publishers_.erase(it);
@@ -74,8 +72,7 @@ void LocalEventRegistry::remove_publisher(const std::string& instance) {
 bool LocalEventRegistry::subscribe(const std::string& instance, const std::string& secret,
                                    const std::shared_ptr<LocalEventQueue>& queue) {
   std::lock_guard lock(mutex_);
-  const auto it =
-      std::find_if(publishers_.begin(), publishers_.end(), [&](const auto& p) { return p.first == instance; });
+  const auto it = find_locked(instance);
   if (it == publishers_.end() || it->second.secret != secret) return false;
   it->second.subscriber = queue;
   // Under the lock: once remove_publisher() returned, no wake reaches a server that
@@ -86,17 +83,15 @@ bool LocalEventRegistry::subscribe(const std::string& instance, const std::strin
 
 void LocalEventRegistry::unsubscribe(const std::string& instance, const LocalEventQueue* queue) {
   std::lock_guard lock(mutex_);
-  for (auto& [name, entry] : publishers_) {
-    if (name == instance && entry.subscriber.lock().get() == queue) entry.subscriber.reset();
+  if (const auto it = find_locked(instance); it != publishers_.end() && it->second.subscriber.lock().get() == queue) {
+    it->second.subscriber.reset();
   }
 }
 
-std::shared_ptr<LocalEventQueue> LocalEventRegistry::subscriber(const std::string& instance) const {
+std::shared_ptr<LocalEventQueue> LocalEventRegistry::subscriber(const std::string& instance) {
   std::lock_guard lock(mutex_);
-  for (const auto& [name, entry] : publishers_) {
-    if (name == instance) return entry.subscriber.lock();
-  }
-  return nullptr;
+  const auto it = find_locked(instance);
+  return it == publishers_.end() ? nullptr : it->second.subscriber.lock();
 }
 
 }  // namespace ecx::control::detail

@@ -36,8 +36,7 @@ class LocalEventQueue {
   // Moves up to `max` events into `out`; returns how many.
   std::size_t take(std::vector<wire::Event>& out, std::size_t max);
   // Waits until an event is queued, a publisher left, or `deadline` passes.
-  bool wait_until(std::chrono::steady_clock::time_point deadline);
-  bool empty() const;
+  void wait_until(std::chrono::steady_clock::time_point deadline);
 
   // A server this queue listened to stopped: its successor is a new instance,
   // found only by discovering again.
@@ -46,7 +45,7 @@ class LocalEventQueue {
 
  private:
   const std::size_t max_events_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable arrived_;
   std::deque<wire::Event> events_;  // guarded by mutex_
   std::atomic<bool> publisher_left_{false};
@@ -69,7 +68,7 @@ class LocalEventRegistry {
   bool subscribe(const std::string& instance, const std::string& secret, const std::shared_ptr<LocalEventQueue>& queue);
   void unsubscribe(const std::string& instance, const LocalEventQueue* queue);
   // The queue subscribed to `instance`, if any.
-  std::shared_ptr<LocalEventQueue> subscriber(const std::string& instance) const;
+  std::shared_ptr<LocalEventQueue> subscriber(const std::string& instance);
 
  private:
   struct Entry {
@@ -77,8 +76,11 @@ class LocalEventRegistry {
     std::function<void()> wake;
     std::weak_ptr<LocalEventQueue> subscriber;
   };
-  mutable std::mutex mutex_;
-  std::vector<std::pair<std::string, Entry>> publishers_;  // few: one per shard in this process
+  using Publishers = std::vector<std::pair<std::string, Entry>>;
+  // Under mutex_.
+  Publishers::iterator find_locked(const std::string& instance);
+  std::mutex mutex_;
+  Publishers publishers_;  // few: one per shard in this process
 };
 
 }  // namespace ecx::control::detail

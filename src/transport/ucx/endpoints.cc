@@ -93,9 +93,7 @@ void Endpoints::accept(ucp_conn_request_h request) {
 }
 
 Result<EndpointHandle> Endpoints::connect(const std::string& address) {
-  if (auto cached = endpoints_by_peer_.find(address); cached != endpoints_by_peer_.end()) {
-    return EndpointHandle{cached->second};
-  }
+  if (auto known = connected(address)) return *known;
   auto endpoint = std::make_unique<Endpoint>();
   endpoint->owner = this;
   endpoint->id = ids_.next();
@@ -127,10 +125,9 @@ Result<EndpointHandle> Endpoints::connect(const std::string& address) {
     return ucx_error(fmt::format("connect to {}", printable(address)), st);
   }
   const EndpointHandle handle{endpoint->id};
-  endpoints_by_peer_.emplace(address, endpoint->id);
   {
-    std::lock_guard lock(connected_mutex_);
-    connected_.insert_or_assign(address, endpoint->id);
+    std::lock_guard lock(peers_mutex_);
+    endpoints_by_peer_.emplace(address, endpoint->id);
   }
   endpoint_by_ucp_.emplace(endpoint->ep, endpoint->id);
   endpoints_.emplace(endpoint->id, std::move(endpoint));
@@ -138,9 +135,9 @@ Result<EndpointHandle> Endpoints::connect(const std::string& address) {
 }
 
 std::optional<EndpointHandle> Endpoints::connected(const std::string& address) const {
-  std::lock_guard lock(connected_mutex_);
-  const auto found = connected_.find(address);
-  if (found == connected_.end()) return std::nullopt;
+  std::lock_guard lock(peers_mutex_);
+  const auto found = endpoints_by_peer_.find(address);
+  if (found == endpoints_by_peer_.end()) return std::nullopt;
   return EndpointHandle{found->second};
 }
 
@@ -174,9 +171,8 @@ void Endpoints::fail(std::uint64_t id, const Status& status, bool peer_failed, b
     logger()->debug("closing the endpoint to {}: {}", printable(endpoint.peer), status.message());
   }
   if (endpoint.outgoing) {
+    std::lock_guard lock(peers_mutex_);
     endpoints_by_peer_.erase(endpoint.peer);
-    std::lock_guard lock(connected_mutex_);
-    connected_.erase(endpoint.peer);
   }
   endpoint_by_ucp_.erase(endpoint.ep);
 

@@ -112,10 +112,9 @@ class Endpoints {
   ucp_listener_h listener_ = nullptr;
   std::string listen_address_;
   std::unordered_map<std::uint64_t, std::unique_ptr<Endpoint>> endpoints_;
-  std::unordered_map<std::string, std::uint64_t> endpoints_by_peer_;
-  // endpoints_by_peer_ for other threads: written with it, on the progress thread.
-  mutable std::mutex connected_mutex_;
-  std::unordered_map<std::string, std::uint64_t> connected_;  // guarded by connected_mutex_
+  // Written on the progress thread, read by connected() on any thread.
+  mutable std::mutex peers_mutex_;
+  std::unordered_map<std::string, std::uint64_t> endpoints_by_peer_;  // guarded by peers_mutex_
   std::unordered_map<ucp_ep_h, std::uint64_t> endpoint_by_ucp_;
   std::deque<ucp_conn_request_h> conn_requests_;
   std::deque<std::pair<std::uint64_t, Status>> failed_endpoints_;
