@@ -35,9 +35,18 @@ struct Workload {
   std::string ucx_mode = "am";
 };
 
+// The consumer waits for a push as long as the producer (`ecx demo --role producer`,
+// push_wait_timeout_s 60) keeps trying to deliver it. A request is admitted here before
+// its pushes reserve, so the wait includes the producer's backlog (up to 64 pushes);
+// under TSan on two cores that alone passes 12 s, and 30 s on a loaded machine, and a
+// shorter wait fails requests whose payloads still arrive (refused then as cancelled).
+constexpr int kPushWaitTimeoutS = 60;
+
 Config consumer_config(int tp, int port, const std::string& pool, const json& extra_overrides = json::object()) {
-  json extra{
-      {"checksum", true}, {"push_wait_timeout_s", 30}, {"control_timeout_s", 5}, {"shutdown_drain_timeout_s", 2}};
+  json extra{{"checksum", true},
+             {"push_wait_timeout_s", kPushWaitTimeoutS},
+             {"control_timeout_s", 5},
+             {"shutdown_drain_timeout_s", 2}};
   extra.update(extra_overrides);
   json doc{{"ec_role", "ec_consumer"}, {"ec_ip", "127.0.0.1"},      {"ec_port", port},
            {"ec_buffer_size", pool},   {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
