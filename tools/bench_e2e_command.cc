@@ -189,36 +189,26 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   options.config = *config;
   options.admit_bind = tcp_address(host, port);
   options.deadline = seconds_to_duration(o.phase_timeout_s);
-  // The throughput window: from the ready of the last warm-up transfer to the last ready.
   const std::uint64_t warmup = warmup_items(phase.items);
-  std::optional<double> window_start;
-  double last_ready_s = 0;
-  std::uint64_t last_ready = 0;
-  options.on_step = [&](const sim::Progress& p) {
-    if (p.requests_ready >= warmup && !window_start) window_start = p.elapsed_s;
-    if (p.requests_ready != last_ready) {
-      last_ready = p.requests_ready;
-      last_ready_s = p.elapsed_s;
-    }
-  };
   const auto stages_before = stages::snapshot();
   auto consumer = sim::ConsumerSim::start(std::move(options));
   if (!consumer) return consumer.status();
   std::cout << json{{"event", "listening"}, {"admit", (*consumer)->admit_endpoint()}}.dump() << std::endl;
   const auto r = (*consumer)->run(&g_stop);
-  // run() returns on the step that resolved the last item, before calling on_step.
-  if (r.progress.requests_ready != last_ready) last_ready_s = r.progress.elapsed_s;
+  // The throughput window: from the arrival of the first request after the warm-up to
+  // the last ready. Counting from a ready instead would let a consumer that falls
+  // behind and then finds a backlog ready at once report that burst as its rate.
   std::vector<double> ttr_us;
-  for (std::size_t i = warmup; i < r.time_to_ready_ms.size(); ++i) ttr_us.push_back(r.time_to_ready_ms[i] * 1000);
-  double seconds = window_start ? last_ready_s - *window_start : 0;
-  double measured = static_cast<double>(r.progress.requests_ready - std::min(r.progress.requests_ready, warmup));
-  if (seconds <= 0 && last_ready_s > 0) {
-    // The warm-up's last item and every later one became ready in the same step (a
-    // slow consumer, e.g. under a sanitizer): the window has no width, so take the
-    // whole phase.
-    seconds = last_ready_s;
-    measured = static_cast<double>(r.progress.requests_ready);
+  double window_start = 0;
+  double window_end = 0;
+  for (std::size_t i = warmup; i < r.time_to_ready_ms.size(); ++i) {
+    ttr_us.push_back(r.time_to_ready_ms[i] * 1000);
+    const double admitted_s = r.ready_at_s[i] - r.time_to_ready_ms[i] / 1000;
+    window_start = i == warmup ? admitted_s : std::min(window_start, admitted_s);
+    window_end = std::max(window_end, r.ready_at_s[i]);
   }
+  const double seconds = window_end - window_start;
+  const auto measured = static_cast<double>(ttr_us.size());
   const double per_s = seconds > 0 ? measured / seconds : 0;
   json out{{"event", "phase"},
            {"series", "ecx_e2e"},

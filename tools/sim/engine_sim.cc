@@ -241,6 +241,7 @@ struct ConsumerSim::State {
   std::vector<std::unique_ptr<worker::WorkerCoordinator>> workers;
   std::vector<EncoderCache> caches;  // one encoder cache per TP rank
   std::unique_ptr<RankThreads> ranks;
+  TimePoint run_started{};  // run()'s start: what ready_at_s counts from
 
   struct Pending {
     scheduler::RequestView view;
@@ -337,9 +338,9 @@ struct ConsumerSim::State {
     if (ready) {
       ++result.progress.requests_ready;
       result.items_ready += it->second.items.size();
-      result.time_to_ready_ms.push_back(
-          std::chrono::duration<double, std::milli>(ready_at.value_or(options.clock->now()) - it->second.admitted)
-              .count());
+      const TimePoint at = ready_at.value_or(options.clock->now());
+      result.time_to_ready_ms.push_back(std::chrono::duration<double, std::milli>(at - it->second.admitted).count());
+      result.ready_at_s.push_back(duration_to_seconds(at - run_started));
     } else {
       ++result.progress.requests_failed;
       result.failed_requests.push_back(id);
@@ -605,6 +606,7 @@ std::string ConsumerSim::control_address() const { return state_->options.config
 ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   auto& s = *state_;
   const auto started = s.options.clock->now();
+  s.run_started = started;
   const auto deadline = started + s.options.deadline;
   auto next_progress = started + s.options.progress_interval;
   while (s.options.clock->now() < deadline && !(stop && stop->load())) {

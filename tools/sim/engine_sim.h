@@ -63,6 +63,7 @@ struct ConsumerResult {
   std::uint64_t held_reserves_expired = 0;
   std::uint64_t resident_bytes = 0;
   std::vector<double> time_to_ready_ms;  // one per ready request
+  std::vector<double> ready_at_s;        // when each of those became ready, seconds into run()
   std::vector<std::string> failed_requests;
   std::string invariant_error;  // empty when every shard's bookkeeping is consistent
   // Items sent to come from the shared store (the encoder hop skipped): loaded from it,
