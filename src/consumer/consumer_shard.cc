@@ -125,6 +125,7 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
       return invalid_argument(fmt::format("transfer_id={}: header says {} bytes, payload has {}", header->transfer_id,
                                           header->nbytes, payload_bytes));
     }
+    if (header->direct) return resolve_direct(*std::move(header));
     const auto resolution =
         reservations->resolve_landing(header->transfer_id, header->reservation_id, payload_bytes, header->generation);
     if (!resolution.accepted()) {
@@ -137,10 +138,32 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
       log->info("shard {}: {}", config.layout.tp_rank, refused.message());
       return refused;
     }
-    // The landing's token names the decoded header, so landed() need not decode it again.
+    return accept(*std::move(header), *resolution.target);
+  }
+
+  // A small payload sent without a reservation: it reserves now. One turned away is
+  // expected under load (its producer reserves the usual way next), so it logs at debug.
+  Result<transport::Landing> resolve_direct(wire::PayloadHeader header) {
+    const wire::DirectItem& item = *header.direct;
+    auto resolution = reservations->resolve_direct_landing(
+        ReserveRequest{header.transfer_id, item.mm_hash, item.spec, header.checksum});
+    if (!resolution.landing.accepted()) {
+      publish_events();  // its reserve may have found a resident copy: that READY goes out now
+      auto refused = resource_exhausted(fmt::format("transfer_id={}: direct payload turned away (its reserve: {})",
+                                                    header.transfer_id, resolution.reserve_outcome));
+      log->debug("shard {}: {}", config.layout.tp_rank, refused.message());
+      return refused;
+    }
+    header.reservation_id = resolution.reservation_id;
+    header.generation = resolution.landing.target->generation;
+    return accept(std::move(header), *resolution.landing.target);
+  }
+
+  // The landing's token names the decoded header, so landed() need not decode it again.
+  transport::Landing accept(wire::PayloadHeader header, const LandingTarget& target) {
     const std::uint64_t token = ++last_landing_token;
-    landing_headers.emplace(token, std::move(*header));
-    return transport::Landing{resolution.target->data, resolution.target->length, token};
+    landing_headers.emplace(token, std::move(header));
+    return transport::Landing{target.data, target.length, token};
   }
 
   void landed(const transport::Landing& landing, const Status& status) {
@@ -181,6 +204,7 @@ class ShardHandler final : public control::ControlHandler {
     // put mode still lands through a grant the shard picks from the payload's header.
     reply.features.emplace_back(state_->one_sided ? wire::kFeatureOneSided : wire::kFeatureReceiverLands);
     if (c.checksum) reply.features.emplace_back(wire::kFeatureChecksum);
+    if (state_->transport->capabilities().confirmed_sends) reply.features.emplace_back(wire::kFeatureDirect);
     if (!c.auth_secret.empty()) reply.features.emplace_back(wire::kFeatureAuth);
     reply.pool_bytes = state_->slab->size();
     reply.max_tensor_bytes = c.effective_max_tensor_bytes();
@@ -386,6 +410,9 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
     counter("consumer_landings_total", kLanding, "ready", r.landings_ready);
     counter("consumer_landings_total", kLanding, "failed", r.landings_failed);
     counter("consumer_landings_total", kLanding, "refused", r.landings_refused);
+    constexpr std::string_view kDirect = "Direct payloads (sent without a reservation) by outcome";
+    counter("consumer_direct_payloads_total", kDirect, "accepted", r.direct_accepted);
+    counter("consumer_direct_payloads_total", kDirect, "turned_away", r.direct_turned_away);
     counter("consumer_checksum_mismatches_total", "Payloads whose checksum did not match", "", r.checksum_mismatches);
     counter("consumer_bytes_landed_total", "Payload bytes landed", "", r.bytes_landed);
     counter("consumer_expired_total", "Reservations expired", "", r.expired);

@@ -220,6 +220,10 @@ const ReservationCore::Waiter* ReservationCore::starving_waiter(TimePoint t, std
 
 ReserveOutcome ReservationCore::reserve(const ReserveRequest& req) {
   std::lock_guard lock(mu_);
+  return reserve_and_settle_waiter(req);
+}
+
+ReserveOutcome ReservationCore::reserve_and_settle_waiter(const ReserveRequest& req) {
   ReserveOutcome result = reserve_locked(req);
   // Served (or refused for good) one way or another: no longer waiting for space.
   if (!waiters_.empty() && !std::holds_alternative<outcome::RetryAfter>(result)) waiters_.erase(req.transfer_id);

@@ -54,6 +54,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   CancelOutcome cancel(const CancelRequest& req);
   LandingResolution resolve_landing(std::string_view tid, const ReservationId& rid, std::uint64_t nbytes,
                                     std::uint64_t generation);
+  DirectLandingResolution resolve_direct_landing(const ReserveRequest& req);
   CompletionOutcome complete_write(std::string_view tid, const ReservationId& rid, bool ok,
                                    std::optional<std::uint64_t> checksum, bool one_sided_call,
                                    std::optional<std::uint64_t> generation = std::nullopt);
@@ -106,6 +107,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
 
   // --- reserve (reservation_core.cc)
   ReserveOutcome reserve_locked(const ReserveRequest& req);
+  ReserveOutcome reserve_and_settle_waiter(const ReserveRequest& req);
   std::optional<ReserveOutcome> reserve_again(Record& r, const ReserveRequest& req);
   ReserveOutcome reserve_new(const ReserveRequest& req);
   ReserveOutcome refuse_reserve(Status status);
@@ -118,6 +120,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   const Waiter* starving_waiter(TimePoint t, std::string_view asking);
 
   // --- landing and take (reservation_landing.cc)
+  LandingResolution open_landing(Record& r, std::uint64_t nbytes);
   void finish_write(Record& r, bool ok, const std::string& reason, bool* became_ready);
   SlotLease make_lease(SlotId id);
 

@@ -30,11 +30,35 @@ LandingResolution ReservationCore::resolve_landing(std::string_view tid, const R
     return refuse(LandingRefusal::not_awaiting_payload);
   }
   if (nbytes != r->spec->nbytes()) return refuse(LandingRefusal::size_mismatch);
-  store_.open_write(r->entry);
-  if (r->state == S::writing) transition(*r, S::landing);
-  disarm_deadline(*r);  // a landing cannot be timed out from here: only its completion ends it
+  return open_landing(*r, nbytes);
+}
+
+LandingResolution ReservationCore::open_landing(Record& r, std::uint64_t nbytes) {
+  store_.open_write(r.entry);
+  if (r.state == S::writing) transition(r, S::landing);
+  disarm_deadline(r);  // a landing cannot be timed out from here: only its completion ends it
   ++counters_.landings_accepted;
-  return LandingResolution{LandingTarget{store_.data(r->entry), nbytes, r->generation}, LandingRefusal::none};
+  return LandingResolution{LandingTarget{store_.data(r.entry), nbytes, r.generation}, LandingRefusal::none};
+}
+
+DirectLandingResolution ReservationCore::resolve_direct_landing(const ReserveRequest& req) {
+  std::lock_guard lock(mu_);
+  auto turn_away = [this](std::string why) {
+    ++counters_.landings_refused;
+    ++counters_.direct_turned_away;
+    return DirectLandingResolution{LandingResolution{std::nullopt, LandingRefusal::direct_turned_away}, ReservationId(),
+                                   std::move(why)};
+  };
+  if (options_.mode != LandingMode::receiver_chosen) return turn_away("this shard does not land payloads itself");
+  // A transfer it already knows (reserved, cancelled before its payload, ...) keeps to
+  // the usual path, whose reserve reply says what became of it.
+  if (find(req.transfer_id) != nullptr) return turn_away("the transfer already has a record");
+  const ReserveOutcome reserved = reserve_and_settle_waiter(req);
+  const auto* slot = std::get_if<outcome::Reserved>(&reserved);
+  Record* r = slot != nullptr && slot->write ? find(req.transfer_id) : nullptr;
+  if (r == nullptr) return turn_away(consumer::describe(reserved));
+  ++counters_.direct_accepted;
+  return DirectLandingResolution{open_landing(*r, req.spec.nbytes()), r->reservation_id, {}};
 }
 
 CompletionOutcome ReservationCore::complete_write(std::string_view tid, const ReservationId& rid, bool ok,

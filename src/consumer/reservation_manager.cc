@@ -89,6 +89,10 @@ LandingResolution ReservationManager::resolve_landing(std::string_view transfer_
   return core_->resolve_landing(transfer_id, reservation_id, nbytes, generation);
 }
 
+DirectLandingResolution ReservationManager::resolve_direct_landing(const ReserveRequest& request) {
+  return core_->resolve_direct_landing(request);
+}
+
 CompletionOutcome ReservationManager::complete_landing(std::string_view transfer_id,
                                                        const ReservationId& reservation_id, bool ok,
                                                        std::optional<std::uint64_t> checksum) {

@@ -107,6 +107,8 @@ std::string_view landing_refusal_name(LandingRefusal refusal) noexcept {
       return "not_awaiting_payload";
     case LandingRefusal::size_mismatch:
       return "size_mismatch";
+    case LandingRefusal::direct_turned_away:
+      return "direct_turned_away";
   }
   return "unknown";
 }

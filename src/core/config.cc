@@ -310,6 +310,12 @@ const std::vector<KeySpec>& key_table() {
           "Producer: a shard refused again with retry_after waits twice as long as the time before (with jitter), "
           "up to this many milliseconds, instead of retrying every retry_after_ms.",
           set_integer(&Config::retry_backoff_max_ms, 1, 60'000));
+    extra("direct_payload_max_bytes", "bytes", "131072",
+          "Producer: an item of at most this many bytes goes to each shard without a reservation first (a direct "
+          "payload); the shard reserves for it on arrival, and one it turns away (pool full, content already "
+          "there) is reserved the usual way. Saves the reserve round trip for small items. Needs the ucx data "
+          "plane in am mode; 0 turns it off.",
+          set_bytes(&Config::direct_payload_max_bytes, 0, 64ULL << 20));
     extra("transport", "enum", "ucx", "Data plane: ucx or mooncake.",
           set_enum(&Config::transport, {"ucx", "mooncake"}));
     extra("ucx_mode", "enum", "am",

@@ -580,18 +580,30 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         more.append(pushes.on_payload_result(p.transfer_id, p.shard, endpoint.status()));
         continue;
       }
-      const auto header = wire::encode_payload_header(wire::PayloadHeader{
-          p.transfer_id, p.reservation_id, p.generation, p.nbytes, checksum_for(hello, p.source, *source)});
+      if (p.direct && !hello.has_feature(wire::kFeatureDirect)) {
+        more.append(
+            pushes.on_payload_result(p.transfer_id, p.shard, unavailable("the shard does not take direct payloads")));
+        continue;
+      }
+      wire::PayloadHeader header{
+          p.transfer_id, p.reservation_id, p.generation, p.nbytes, checksum_for(hello, p.source, *source),
+          std::nullopt};
+      if (p.direct) header.direct = wire::DirectItem{p.mm_hash, *p.spec};
       std::weak_ptr<State> weak = weak_from_this();
-      const auto status = transport->send(*endpoint, header, staging_region, source->slot.offset, p.nbytes,
-                                          clock->now() + config.push_wait_timeout(),
-                                          [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard,
-                                           sent = clock->now()](const Status& result) {
-                                            auto s = weak.lock();
-                                            if (!s) return;
-                                            if (result) stages::record(stages::Stage::wire, s->clock->now() - sent);
-                                            s->enqueue(PayloadResult{base, tid, shard, result});
-                                          });
+      auto on_sent = [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard,
+                      sent = clock->now()](const Status& result) {
+        auto s = weak.lock();
+        if (!s) return;
+        if (result) stages::record(stages::Stage::wire, s->clock->now() - sent);
+        s->enqueue(PayloadResult{base, tid, shard, result});
+      };
+      const auto bytes = wire::encode_payload_header(header);
+      const TimePoint deadline = clock->now() + config.push_wait_timeout();
+      // A direct payload needs the shard's verdict: it may turn the payload away.
+      const auto status = p.direct ? transport->send_confirmed(*endpoint, bytes, staging_region, source->slot.offset,
+                                                               p.nbytes, deadline, std::move(on_sent))
+                                   : transport->send(*endpoint, bytes, staging_region, source->slot.offset, p.nbytes,
+                                                     deadline, std::move(on_sent));
       if (!status) more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
     }
   }
@@ -753,6 +765,9 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
             p.retry_afters);
     counter("producer_payloads_total", "Payload sends by outcome", "ok", p.payloads_sent);
     counter("producer_payloads_total", "Payload sends by outcome", "failed", p.payloads_failed);
+    constexpr std::string_view kDirect = "Direct payloads (sent without a reservation): sent, and turned away";
+    counter("producer_direct_payloads_total", kDirect, "sent", p.direct_sent);
+    counter("producer_direct_payloads_total", kDirect, "turned_away", p.direct_turned_away);
     counter("producer_abandons_total", "Abandon cancels sent", "", p.abandons_sent);
     counter("producer_yields_total",
             "Reservations given back while a sibling shard of the same push waited for space (reserved again with it)",

@@ -33,8 +33,10 @@ struct Shard {
   std::uint64_t slot_offset = 0;
   TimePoint reserved_at{};
   int cancel_attempts = 0;
-  int retry_afters = 0;    // consecutive retry_afters of this shard's reserve (backoff)
-  bool keep_slot = false;  // the consumer refused to take this slot back (others follow its landing)
+  int retry_afters = 0;      // consecutive retry_afters of this shard's reserve (backoff)
+  bool keep_slot = false;    // the consumer refused to take this slot back (others follow its landing)
+  bool direct = false;       // its payload goes without a reservation (PushOptions::direct_max_bytes)
+  bool turned_away = false;  // its direct payload was not taken: reserve once the push's sends settle
   std::optional<TimeIndex::iterator> retry;
 };
 
@@ -47,7 +49,8 @@ struct Push {
   std::vector<Shard> shards;
   std::optional<SourceId> source;
   std::optional<TimeIndex::iterator> deadline;
-  bool failing = false;  // failed while payloads were in flight; ends when they report
+  TimePoint deadline_at{};  // the push deadline, kept for a return to waiting_inputs
+  bool failing = false;     // failed while payloads were in flight; ends when they report
   std::string error;
 };
 
@@ -102,6 +105,7 @@ class PushCore {
   void yield_reserved(Push& p, Actions& out);
   void rejoin(Push& p, int shard, Actions& out);
   void send_reserve(Push& p, int shard, Actions& out);
+  void reserve_turned_away(Push& p, Actions& out);
   void clear_retry(Shard& s);
   Duration retry_delay(Duration asked, int previous);
   void settle_cancel(Push& p, Actions& out);
@@ -185,7 +189,7 @@ void PushCore::send_cancel(Push& p, int shard, Sh to, Actions& out) {
 void PushCore::yield_reserved(Push& p, Actions& out) {
   for (std::size_t i = 0; i < p.shards.size(); ++i) {
     Shard& s = p.shards[i];
-    if (s.state != Sh::reserved || s.io || s.keep_slot) continue;
+    if (s.state != Sh::reserved || s.io || s.keep_slot || s.direct) continue;
     s.cancel_attempts = 0;
     send_cancel(p, static_cast<int>(i), Sh::yielding, out);
   }
@@ -360,7 +364,7 @@ void PushCore::step(Push& p, Actions& out) {
         fail(p, p.error.empty() ? "a shard refused the reservation" : p.error, out);
         return;
       }
-      if (s.state != Sh::reserved && s.state != Sh::no_write) resolved = false;
+      if (s.state != Sh::reserved && s.state != Sh::no_write && s.state != Sh::sent) resolved = false;
       if (s.state == Sh::reserved) any_write = true;
       if (!s.consumer_cancelled) all_cancelled = false;
     }
@@ -376,7 +380,7 @@ void PushCore::step(Push& p, Actions& out) {
     bool refreshing = false;
     for (std::size_t i = 0; i < p.shards.size(); ++i) {
       Shard& s = p.shards[i];
-      if (s.state == Sh::reserved && t - s.reserved_at >= options_.refresh_after) {
+      if (s.state == Sh::reserved && !s.direct && t - s.reserved_at >= options_.refresh_after) {
         // An old destination may be close to its TTL on the consumer: give it up and
         // reserve again before writing.
         ++counters_.refreshes;
@@ -394,18 +398,25 @@ void PushCore::step(Push& p, Actions& out) {
         s.holds = false;
         continue;
       }
-      if (!move(p, s, Sh::sending)) continue;
+      if (s.state == Sh::sent || !move(p, s, Sh::sending)) continue;  // sent: before a shard's fallback reserve
       s.io = true;
       ++io_in_flight_;
       ++counters_.payloads_sent;
+      counters_.direct_sent += s.direct ? 1 : 0;
       out.payloads.push_back(PayloadCommand{p.spec.transfer_id, static_cast<int>(i), p.spec.consumer_address, *p.source,
-                                            s.reservation_id, s.generation, s.slot_offset, p.spec.spec.nbytes()});
+                                            s.reservation_id, s.generation, s.slot_offset, p.spec.spec.nbytes(),
+                                            s.direct, s.direct ? p.spec.mm_hash : std::string(),
+                                            s.direct ? std::optional(p.spec.spec) : std::nullopt});
     }
     return;
   }
   if (p.state == P::writing) {
     for (const Shard& s : p.shards) {
       if (s.state == Sh::sending) return;
+    }
+    if (!p.failing && std::any_of(p.shards.begin(), p.shards.end(), [](const Shard& x) { return x.turned_away; })) {
+      reserve_turned_away(p, out);
+      return;
     }
     if (p.failing) {
       abandon_held(p, out);  // shards whose payload failed still hold a reservation
@@ -416,6 +427,21 @@ void PushCore::step(Push& p, Actions& out) {
     return;
   }
   if (p.state == P::cancel_pending) settle_cancel(p, out);
+}
+
+// Direct payloads a shard did not take: the push waits again (no payload is in flight
+// now) and those shards reserve the usual way; the reply says whether to write, follow
+// or wait for space.
+void PushCore::reserve_turned_away(Push& p, Actions& out) {
+  if (!transition(p, P::waiting_inputs)) return;
+  p.deadline = deadlines_.emplace(p.deadline_at, p.spec.transfer_id);
+  for (std::size_t i = 0; i < p.shards.size(); ++i) {
+    Shard& s = p.shards[i];
+    if (!s.turned_away) continue;
+    s.turned_away = false;
+    s.direct = false;
+    send_reserve(p, static_cast<int>(i), out);
+  }
 }
 
 void PushCore::settle_cancel(Push& p, Actions& out) {
@@ -453,11 +479,22 @@ Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
   auto [it, inserted] = pushes_.emplace(spec.transfer_id, std::move(p));
   (void)inserted;
   Push& push = it->second;
-  push.deadline = deadlines_.emplace(now() + options_.push_deadline, spec.transfer_id);
+  push.deadline_at = now() + options_.push_deadline;
+  push.deadline = deadlines_.emplace(push.deadline_at, spec.transfer_id);
   sourceless_by_hash_[spec.mm_hash].insert(spec.transfer_id);
   if (!spec.request_id.empty()) by_request_[spec.request_id].insert(spec.transfer_id);
   ++counters_.started;
-  for (int i = 0; i < shard_count; ++i) send_reserve(push, i, out);
+  const bool direct = options_.direct_max_bytes > 0 && spec.spec.nbytes() <= options_.direct_max_bytes;
+  for (int i = 0; i < shard_count; ++i) {
+    if (!direct) {
+      send_reserve(push, i, out);
+      continue;
+    }
+    Shard& s = push.shards[static_cast<std::size_t>(i)];
+    s.direct = true;
+    s.reserved_at = now();
+    move(push, s, Sh::reserved);  // to send once the source is there
+  }
   return out;
 }
 
@@ -567,6 +604,12 @@ Actions PushCore::on_payload_result(std::string_view tid, int shard, const Statu
   if (result.is_ok()) {
     move(*p, *s, Sh::sent);
     s->holds = false;  // the landed slot is the consumer's now
+  } else if (s->direct) {
+    ++counters_.direct_turned_away;
+    move(*p, *s, Sh::reserved);
+    s->turned_away = true;
+    log_->debug("transfer_id={}: shard {} did not take the direct payload ({}); reserving", tid, shard,
+                result.to_string());
   } else {
     ++counters_.payloads_failed;
     move(*p, *s, Sh::reserved);  // the reservation is still ours: abandon it

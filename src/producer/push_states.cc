@@ -17,7 +17,8 @@ namespace {
 // cached or cancelled by the consumer): nothing to wait for.
 constexpr TransitionTable<P, kPushStateCount> kTable{
     {P::waiting_inputs, {P::writing, P::done, P::cancel_pending, P::cancelled, P::failed}},
-    {P::writing, {P::done, P::failed}},
+    // A direct payload turned away: its shard reserves the usual way before the push writes again.
+    {P::writing, {P::done, P::failed, P::waiting_inputs}},
     {P::cancel_pending, {P::cancelled, P::failed}},
 };
 
@@ -26,13 +27,16 @@ constexpr TransitionTable<P, kPushStateCount> kTable{
 constexpr TransitionTable<Sh, kShardStateCount> kShardTable{
     {Sh::reserving, {Sh::reserved, Sh::no_write, Sh::retry_wait, Sh::refused}},
     {Sh::retry_wait, {Sh::reserving, Sh::released}},
-    {Sh::reserved, {Sh::refreshing, Sh::yielding, Sh::abandoning, Sh::sending}},
+    // reserving: a direct payload the shard turned away; it reserves the usual way.
+    // released: a direct shard (nothing held) whose push ended before it sent.
+    {Sh::reserved, {Sh::refreshing, Sh::yielding, Sh::abandoning, Sh::sending, Sh::reserving, Sh::released}},
     {Sh::no_write, {Sh::abandoning, Sh::released}},
     {Sh::refreshing, {Sh::reserving, Sh::abandoning}},
     // Given back while a sibling waits: reserve again with it (or at once when it no
     // longer waits); the push ended meanwhile: the yield was its abandon.
     {Sh::yielding, {Sh::retry_wait, Sh::reserving, Sh::abandoning}},
-    {Sh::sending, {Sh::sent, Sh::reserved}},  // a failed payload leaves the reservation ours
+    // A failed payload leaves the reservation ours (a direct one: nothing held).
+    {Sh::sending, {Sh::sent, Sh::reserved}},
     {Sh::refused, {Sh::released}},
     {Sh::abandoning, {Sh::released}},
 };
@@ -107,6 +111,7 @@ PushOptions PushOptions::from_config(const Config& config) {
   o.refresh_after = config.reservation_ttl() / 2;
   o.terminal_ttl = config.reservation_ttl();
   o.retry_backoff_max = std::chrono::milliseconds(config.retry_backoff_max_ms);
+  if (config.transport == "ucx" && config.ucx_mode == "am") o.direct_max_bytes = config.direct_payload_max_bytes;
   return o;
 }
 

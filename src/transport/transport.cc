@@ -16,6 +16,11 @@ Status Transport::write(EndpointHandle, RegionHandle, std::uint64_t, std::uint64
       fmt::format("{}: the receiver chooses where a payload lands; one-sided write() is not available", name()));
 }
 
+Status Transport::send_confirmed(EndpointHandle, std::span<const std::byte>, RegionHandle, std::uint64_t, std::uint64_t,
+                                 TimePoint, SendCallback) {
+  return invalid_argument(fmt::format("{}: confirmed sends are not available on this data plane", name()));
+}
+
 std::string Transport::segment_name() const { return {}; }
 
 }  // namespace ecx::transport

@@ -90,6 +90,18 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   Status send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region, std::uint64_t offset,
               std::uint64_t length, TimePoint deadline, SendCallback on_sent) override {
+    return enqueue_send(endpoint, header, region, offset, length, deadline, std::move(on_sent), false);
+  }
+
+  Status send_confirmed(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region,
+                        std::uint64_t offset, std::uint64_t length, TimePoint deadline, SendCallback on_sent) override {
+    if (!am_) return Transport::send_confirmed(endpoint, header, region, offset, length, deadline, std::move(on_sent));
+    return enqueue_send(endpoint, header, region, offset, length, deadline, std::move(on_sent), true);
+  }
+
+  Status enqueue_send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region,
+                      std::uint64_t offset, std::uint64_t length, TimePoint deadline, SendCallback on_sent,
+                      bool confirmed) {
     if (header.size() > kMaxHeaderBytes) {
       return invalid_argument(fmt::format("header of {} bytes exceeds {} bytes", header.size(), kMaxHeaderBytes));
     }
@@ -102,6 +114,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     op->header.assign(header.begin(), header.end());
     op->on_sent = std::move(on_sent);
     op->offset = offset;
+    op->confirmed = confirmed;
     // std::function needs a copyable target; the op itself moves exactly once.
     auto holder = std::make_shared<std::unique_ptr<ucx::SendOp>>(std::move(op));
     return worker_.enqueue([this, holder](bool run) {
@@ -132,9 +145,11 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   // Receiver-chosen in both modes: put mode still lands through a grant the receiver
   // picks from the payload's header. Device memory only where this UCX has CUDA.
+  // Confirmed sends in am mode (a verdict message answers each).
   Capabilities capabilities() const noexcept override {
     Capabilities c;
     c.device_memory = device_memory_;
+    c.confirmed_sends = am_ != nullptr;
     return c;
   }
 

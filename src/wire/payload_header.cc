@@ -1,5 +1,7 @@
 #include "ecx/wire/payload_header.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -9,6 +11,7 @@ namespace {
 
 constexpr std::uint8_t kMagic[4] = {'E', 'C', 'X', 'P'};
 constexpr std::uint8_t kFlagChecksum = 1;
+constexpr std::uint8_t kFlagDirect = 2;
 
 void put_u64(std::byte* at, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
@@ -20,13 +23,72 @@ std::uint64_t get_u64(const std::byte* at) {
   return v;
 }
 
+void put_u16(std::byte* at, std::size_t v) {
+  at[0] = static_cast<std::byte>(v & 0xff);
+  at[1] = static_cast<std::byte>((v >> 8) & 0xff);
+}
+
+std::size_t get_u16(const std::byte* at) {
+  return static_cast<std::size_t>(at[0]) | (static_cast<std::size_t>(at[1]) << 8);
+}
+
+std::size_t direct_bytes(const DirectItem& d) { return 2 + d.mm_hash.size() + 2 + 8 * d.spec.shape().size(); }
+
+void put_direct(std::byte* at, const DirectItem& d) {
+  put_u16(at, d.mm_hash.size());
+  std::memcpy(at + 2, d.mm_hash.data(), d.mm_hash.size());
+  at += 2 + d.mm_hash.size();
+  const auto dtypes = all_dtypes();
+  at[0] = static_cast<std::byte>(std::find(dtypes.begin(), dtypes.end(), d.spec.dtype()) - dtypes.begin());
+  at[1] = static_cast<std::byte>(d.spec.shape().size());
+  at += 2;
+  for (const std::int64_t dim : d.spec.shape()) {
+    put_u64(at, static_cast<std::uint64_t>(dim));
+    at += 8;
+  }
+}
+
+// The direct part after the transfer id, which must fill `bytes` exactly.
+Result<DirectItem> get_direct(std::span<const std::byte> bytes, std::uint64_t nbytes) {
+  auto truncated = [] { return protocol_error("payload header: the direct item is truncated"); };
+  if (bytes.size() < 2) return truncated();
+  const std::size_t hash_len = get_u16(bytes.data());
+  if (bytes.size() < 2 + hash_len + 2) return truncated();
+  std::string mm_hash(reinterpret_cast<const char*>(bytes.data() + 2), hash_len);
+  if (auto s = validate_mm_hash(mm_hash); !s) return protocol_error("payload header: " + s.message());
+  const std::byte* at = bytes.data() + 2 + hash_len;
+  const auto dtype_index = static_cast<std::size_t>(at[0]);
+  const auto rank = static_cast<std::size_t>(at[1]);
+  const auto dtypes = all_dtypes();
+  if (dtype_index >= dtypes.size()) return protocol_error("payload header: the direct item has an unknown dtype");
+  if (bytes.size() != 2 + hash_len + 2 + 8 * rank) {
+    return protocol_error(fmt::format("payload header: a direct item of rank {} does not fill its {} bytes", rank,
+                                      bytes.size() - 2 - hash_len - 2));
+  }
+  at += 2;
+  std::vector<std::int64_t> shape;
+  for (std::size_t i = 0; i < rank; ++i, at += 8) {
+    const std::uint64_t dim = get_u64(at);
+    if (dim > static_cast<std::uint64_t>(INT64_MAX)) return protocol_error("payload header: a dimension overflows");
+    shape.push_back(static_cast<std::int64_t>(dim));
+  }
+  auto spec = TensorSpec::make(std::move(shape), dtypes[dtype_index], nbytes);
+  if (!spec) return protocol_error("payload header: direct item: " + spec.status().message());
+  if (spec->nbytes() != nbytes) {
+    return protocol_error(
+        fmt::format("payload header: the direct item's {} is not the payload's {} bytes", spec->to_string(), nbytes));
+  }
+  return DirectItem{std::move(mm_hash), *std::move(spec)};
+}
+
 }  // namespace
 
 std::vector<std::byte> encode_payload_header(const PayloadHeader& h) {
-  std::vector<std::byte> out(kPayloadHeaderFixedBytes + h.transfer_id.size());
+  std::vector<std::byte> out(kPayloadHeaderFixedBytes + h.transfer_id.size() +
+                             (h.direct ? direct_bytes(*h.direct) : 0));
   std::memcpy(out.data(), kMagic, 4);
   out[4] = static_cast<std::byte>(kPayloadHeaderVersion);
-  out[5] = static_cast<std::byte>(h.checksum ? kFlagChecksum : 0);
+  out[5] = static_cast<std::byte>((h.checksum ? kFlagChecksum : 0) | (h.direct ? kFlagDirect : 0));
   const auto len = static_cast<std::uint16_t>(h.transfer_id.size());
   out[6] = static_cast<std::byte>(len & 0xff);
   out[7] = static_cast<std::byte>(len >> 8);
@@ -36,6 +98,7 @@ std::vector<std::byte> encode_payload_header(const PayloadHeader& h) {
   put_u64(out.data() + 32, h.nbytes);
   put_u64(out.data() + 40, h.checksum.value_or(0));
   std::memcpy(out.data() + kPayloadHeaderFixedBytes, h.transfer_id.data(), h.transfer_id.size());
+  if (h.direct) put_direct(out.data() + kPayloadHeaderFixedBytes + h.transfer_id.size(), *h.direct);
   return out;
 }
 
@@ -51,9 +114,10 @@ Result<PayloadHeader> decode_payload_header(std::span<const std::byte> bytes) {
                                       kPayloadHeaderVersion));
   }
   const auto flags = static_cast<std::uint8_t>(bytes[5]);
-  if ((flags & ~kFlagChecksum) != 0) return protocol_error("payload header has unknown flags");
-  const std::size_t len = static_cast<std::size_t>(bytes[6]) | (static_cast<std::size_t>(bytes[7]) << 8);
-  if (bytes.size() != kPayloadHeaderFixedBytes + len) {
+  if ((flags & ~(kFlagChecksum | kFlagDirect)) != 0) return protocol_error("payload header has unknown flags");
+  const bool direct = (flags & kFlagDirect) != 0;
+  const std::size_t len = get_u16(bytes.data() + 6);
+  if (direct ? bytes.size() < kPayloadHeaderFixedBytes + len : bytes.size() != kPayloadHeaderFixedBytes + len) {
     return protocol_error(fmt::format("payload header declares a {}-byte transfer id but carries {} bytes", len,
                                       bytes.size() - kPayloadHeaderFixedBytes));
   }
@@ -64,6 +128,14 @@ Result<PayloadHeader> decode_payload_header(std::span<const std::byte> bytes) {
   h.generation = get_u64(bytes.data() + 24);
   h.nbytes = get_u64(bytes.data() + 32);
   if (flags & kFlagChecksum) h.checksum = get_u64(bytes.data() + 40);
+  if (direct) {
+    if (!h.reservation_id.is_none() || h.generation != 0) {
+      return protocol_error("payload header: a direct payload names a reservation");
+    }
+    auto item = get_direct(bytes.subspan(kPayloadHeaderFixedBytes + len), h.nbytes);
+    if (!item) return item.status();
+    h.direct = *std::move(item);
+  }
   return h;
 }
 

@@ -127,6 +127,7 @@ enum class LandingRefusal : unsigned char {
   not_writer,            // a follower or a resident hit: nothing to write
   not_awaiting_payload,  // landed, landing, terminal, or shutting down
   size_mismatch,         // the payload is not exactly the reserved size
+  direct_turned_away,    // a direct payload whose reserve did not make it the writer of a free slot
 };
 std::string_view landing_refusal_name(LandingRefusal refusal) noexcept;
 
@@ -134,6 +135,14 @@ struct LandingResolution {
   std::optional<LandingTarget> target;  // set when accepted
   LandingRefusal refusal = LandingRefusal::none;
   bool accepted() const noexcept { return target.has_value(); }
+};
+
+// resolve_direct_landing(): the landing, the reservation the payload now writes (when
+// accepted), and what its reserve answered (when turned away).
+struct DirectLandingResolution {
+  LandingResolution landing;
+  ReservationId reservation_id;
+  std::string reserve_outcome;
 };
 
 // Result of complete_landing / writer_completed.
@@ -187,6 +196,8 @@ struct ReservationCounters {
   std::uint64_t landings_ready = 0;
   std::uint64_t landings_failed = 0;
   std::uint64_t completions_rejected = 0;
+  std::uint64_t direct_accepted = 0;     // direct payloads that reserved on arrival and landed
+  std::uint64_t direct_turned_away = 0;  // direct payloads whose producer reserves the usual way instead
   std::uint64_t checksum_mismatches = 0;
   std::uint64_t bytes_reserved = 0;
   std::uint64_t bytes_landed = 0;

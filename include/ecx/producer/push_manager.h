@@ -14,7 +14,10 @@
 //     jitter up to retry_backoff_max;
 //   - a source is released only when no payload send may still read it;
 //   - failures are reported through drain_failures(), never thrown;
-//   - pushes that never got a source are cancelled when their requests finish.
+//   - pushes that never got a source are cancelled when their requests finish;
+//   - an item of at most direct_max_bytes skips the reserve: its payload goes to each
+//     shard as soon as the source is there, and a shard that turns it away (or that
+//     cannot be reached) is reserved the usual way, once.
 
 #include <cstdint>
 #include <memory>
@@ -54,7 +57,7 @@ bool push_transition_allowed(PushState from, PushState to) noexcept;
 enum class ShardState : unsigned char {
   reserving,   // reserve sent, no reply yet
   retry_wait,  // the consumer's pool was full; reserve again later
-  reserved,    // this producer must send the payload to this shard
+  reserved,    // this producer must send the payload to this shard (a direct shard: unreserved)
   no_write,    // follower, already landed/cached, or cancelled by the consumer
   refreshing,  // re-reserving a destination that got old (abandon+refresh sent)
   yielding,    // giving its reservation back while a sibling shard waits for space (refresh sent)
@@ -110,6 +113,11 @@ struct PayloadCommand {
   std::uint64_t generation = 0;
   std::uint64_t slot_offset = 0;
   std::uint64_t nbytes = 0;
+  // No reservation: the shard reserves on arrival (the header carries mm_hash and
+  // spec) or turns the payload away, which on_payload_result() must then hear.
+  bool direct = false;
+  std::string mm_hash;
+  std::optional<TensorSpec> spec;
 };
 struct CancelCommand {
   std::string transfer_id;
@@ -146,9 +154,11 @@ struct PushOptions {
   int cancel_attempts = 2;
   int max_shards = 64;
   Duration retry_backoff_max = std::chrono::milliseconds(200);  // longest wait between two reserves of a shard
+  std::uint64_t direct_max_bytes = 0;  // items up to this size go without a reserve first (0 = never)
   // push_wait_timeout_s as the deadline, reservation_ttl_s / 2 as refresh_after,
   // reservation_ttl_s as terminal_ttl (the consumer keeps its tombstones as long),
-  // retry_backoff_max_ms as retry_backoff_max.
+  // retry_backoff_max_ms as retry_backoff_max, direct_payload_max_bytes as
+  // direct_max_bytes where the data plane can confirm sends (ucx in am mode).
   static PushOptions from_config(const Config& config);
 };
 
@@ -166,6 +176,8 @@ struct PushCounters {
   std::uint64_t yields = 0;
   std::uint64_t payloads_sent = 0;
   std::uint64_t payloads_failed = 0;
+  std::uint64_t direct_sent = 0;         // of payloads_sent: direct (no reservation first)
+  std::uint64_t direct_turned_away = 0;  // direct payloads a shard did not take: reserved the usual way
   std::uint64_t abandons_sent = 0;
   std::uint64_t abandons_failed = 0;
   std::uint64_t late_replies = 0;

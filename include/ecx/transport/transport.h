@@ -95,6 +95,9 @@ struct Capabilities {
   // when the sender says so on the control plane (`complete`).
   bool one_sided = false;
   bool device_memory = false;  // register_region accepts MemoryKind::cuda
+  // send_confirmed() is available: its on_sent carries the receiver's verdict even for a
+  // payload small enough to go eagerly.
+  bool confirmed_sends = false;
 };
 std::string_view landing_choice_name(LandingChoice choice) noexcept;
 
@@ -138,6 +141,15 @@ class Transport {
   // `timeout`. An error returned here means on_sent will not be called.
   virtual Status send(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region,
                       std::uint64_t offset, std::uint64_t length, TimePoint deadline, SendCallback on_sent) = 0;
+
+  // send() whose on_sent is the receiver's verdict at every payload size: ok = its
+  // resolver accepted the payload and every byte is in place; an error = it was turned
+  // away (nothing landed; the status carries the resolver's reason) or did not arrive.
+  // A plain send() of a small payload completes once the bytes are on their way, so a
+  // sender that lets the receiver decide whether to take a payload needs this.
+  // Backends without Capabilities::confirmed_sends refuse it.
+  virtual Status send_confirmed(EndpointHandle endpoint, std::span<const std::byte> header, RegionHandle region,
+                                std::uint64_t offset, std::uint64_t length, TimePoint deadline, SendCallback on_sent);
 
   // LandingChoice::sender: writes `length` bytes at `offset` of `region` to
   // `remote_address` of the segment `endpoint` names. An error returned here means

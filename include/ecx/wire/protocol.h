@@ -52,7 +52,8 @@ enum class FrameKind : char { request = 'Q', reply = 'R', event = 'E' };
 // either ucx_mode), or the producer writes at the reserved offset and `complete`s.
 inline constexpr std::string_view kFeatureReceiverLands = "receiver_lands";
 inline constexpr std::string_view kFeatureOneSided = "one_sided";
-inline constexpr std::string_view kFeatureChecksum = "checksum";  // xxHash64 verified on landing
-inline constexpr std::string_view kFeatureAuth = "auth";          // HMAC-authenticated frames
+inline constexpr std::string_view kFeatureDirect = "direct_payloads";  // lands payloads sent without a reservation
+inline constexpr std::string_view kFeatureChecksum = "checksum";       // xxHash64 verified on landing
+inline constexpr std::string_view kFeatureAuth = "auth";               // HMAC-authenticated frames
 
 }  // namespace ecx::wire

@@ -1,14 +1,40 @@
 #include "transport/ucx/am_protocol.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
 namespace ecx::transport::ucx {
 namespace {
 
-// The active message of `am` mode (put mode uses 18..20, see put_protocol.cc).
+// The active messages of `am` mode (put mode uses 18..20, see put_protocol.cc).
 constexpr unsigned kDataAm = 17;
+constexpr unsigned kConfirmedDataAm = 21;  // header: the send's id (u64 LE), then the payload header
+constexpr unsigned kVerdictAm = 22;        // header: the send's id (u64 LE), status code (u8), reason (UTF-8)
+constexpr std::size_t kIdBytes = 8;
+constexpr std::size_t kMaxVerdictReason = 256;
+
+void put_u64(std::byte* at, std::uint64_t v) {
+  for (std::size_t i = 0; i < kIdBytes; ++i) at[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+
+std::uint64_t get_u64(const std::byte* at) {
+  std::uint64_t v = 0;
+  for (std::size_t i = kIdBytes; i-- > 0;) v = (v << 8) | static_cast<std::uint64_t>(at[i]);
+  return v;
+}
+
+std::vector<std::byte> encode_verdict(std::uint64_t op_id, const Status& verdict) {
+  const std::string_view reason = std::string_view(verdict.message()).substr(0, kMaxVerdictReason);
+  std::vector<std::byte> out(kIdBytes + 1 + reason.size());
+  put_u64(out.data(), op_id);
+  out[kIdBytes] = static_cast<std::byte>(verdict.code());
+  std::memcpy(out.data() + kIdBytes + 1, reason.data(), reason.size());
+  return out;
+}
 
 // What a receiver answers a refused rendezvous with, so the sender's on_sent sees it.
 ucs_status_t refusal_status(const Status& status) {
@@ -17,7 +43,11 @@ ucs_status_t refusal_status(const Status& status) {
 
 }  // namespace
 
-Status AmProtocol::register_handlers() { return worker_.set_am_handler(kDataAm, &AmProtocol::on_data_am, this); }
+Status AmProtocol::register_handlers() {
+  ECX_RETURN_IF_ERROR(worker_.set_am_handler(kDataAm, &AmProtocol::on_data_am, this));
+  ECX_RETURN_IF_ERROR(worker_.set_am_handler(kConfirmedDataAm, &AmProtocol::on_confirmed_data_am, this));
+  return worker_.set_am_handler(kVerdictAm, &AmProtocol::on_verdict_am, this);
+}
 
 // --- sending -------------------------------------------------------------------
 
@@ -35,14 +65,18 @@ void AmProtocol::post(SendOp& op, Endpoint& endpoint, Region& region) {
   if (options_.rndv_threshold_bytes != 0) {
     params.flags |= op.length >= options_.rndv_threshold_bytes ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
   }
-  void* request =
-      ucp_am_send_nbx(endpoint.ep, kDataAm, op.header.data(), op.header.size(), op.source, op.length, &params);
+  if (op.confirmed) {  // the receiver names the send in its verdict
+    op.header.insert(op.header.begin(), kIdBytes, std::byte{0});
+    put_u64(op.header.data(), op.id);
+  }
+  void* request = ucp_am_send_nbx(endpoint.ep, op.confirmed ? kConfirmedDataAm : kDataAm, op.header.data(),
+                                  op.header.size(), op.source, op.length, &params);
   complete_or_track(op, request, "ucp_am_send_nbx");
 }
 
 void AmProtocol::complete_or_track(SendOp& op, void* request, std::string_view what) {
   if (request == nullptr) {
-    transfers_.finish_send(op.id, Status::ok());
+    request_done(op);
   } else if (UCS_PTR_IS_ERR(request)) {
     transfers_.finish_send(op.id, ucx_error(what, UCS_PTR_STATUS(request)));
   } else {
@@ -50,7 +84,45 @@ void AmProtocol::complete_or_track(SendOp& op, void* request, std::string_view w
   }
 }
 
-void AmProtocol::request_done(SendOp& op) { transfers_.finish_send(op.id, Status::ok()); }
+// A confirmed send whose verdict has not come yet waits for it (or for its deadline,
+// or its endpoint's failure); one its owner already gave up on ends now.
+void AmProtocol::request_done(SendOp& op) {
+  if (!op.confirmed || op.abandoned) {
+    transfers_.finish_send(op.id, Status::ok());
+  } else if (op.verdict) {
+    transfers_.finish_send(op.id, *op.verdict);
+  }
+}
+
+void AmProtocol::take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status verdict) {
+  SendOp* op = transfers_.find_send(op_id);
+  // Only the peer the send went to may answer it; a late verdict finds its send gone.
+  if (op == nullptr || !op->confirmed || arrived_on == nullptr || endpoints_.id_of(arrived_on) != op->endpoint) {
+    logger()->debug("ignored a verdict for send {} (unknown, finished or from another peer)", op_id);
+    return;
+  }
+  if (op->request != nullptr) {
+    op->verdict = std::move(verdict);  // the request's completion finishes it
+  } else {
+    transfers_.finish_send(op_id, verdict);
+  }
+}
+
+ucs_status_t AmProtocol::on_verdict_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
+                                       std::size_t /*length*/, const ucp_am_recv_param_t* param) {
+  const auto* bytes = static_cast<const std::byte*>(header);
+  const auto code = header_length > kIdBytes ? static_cast<unsigned>(bytes[kIdBytes]) : 0xffU;
+  if (code > static_cast<unsigned>(StatusCode::internal)) {
+    logger()->debug("ignored a malformed verdict of {} bytes", header_length);
+    return UCS_OK;
+  }
+  const std::string reason(reinterpret_cast<const char*>(bytes + kIdBytes + 1), header_length - kIdBytes - 1);
+  Status verdict = code == 0 ? Status::ok()
+                             : Status(static_cast<StatusCode>(code), "the receiver turned the payload away: " + reason);
+  const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  static_cast<AmProtocol*>(arg)->take_verdict(get_u64(bytes), peer, std::move(verdict));
+  return UCS_OK;
+}
 
 // --- receiving -----------------------------------------------------------------
 
@@ -62,29 +134,72 @@ ucs_status_t AmProtocol::on_data_am(void* arg, const void* header, std::size_t h
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr);
 }
 
+ucs_status_t AmProtocol::on_confirmed_data_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                              std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AmProtocol*>(arg);
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  const ucp_ep_h sender = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  if (header_length < kIdBytes || sender == nullptr) {  // nobody to answer: its sender times out
+    self->stats_.landings_rejected.fetch_add(1);
+    return rendezvous ? UCS_ERR_REJECTED : UCS_OK;
+  }
+  const auto* bytes = static_cast<const std::byte*>(header);
+  Status verdict = internal_error("no verdict");
+  const ucs_status_t result = self->receive_data(std::span(bytes + kIdBytes, header_length - kIdBytes), data, length,
+                                                 rendezvous, sender, &verdict);
+  self->send_verdict(sender, get_u64(bytes), verdict);
+  return result;
+}
+
+void AmProtocol::send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict) {
+  // The header must outlive the send (UCX 1.13 has no flag to copy it): the request's
+  // callback frees it when UCX did not send it at once.
+  auto message = std::make_unique<std::vector<std::byte>>(encode_verdict(op_id, verdict));
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  params.cb.send = &AmProtocol::on_verdict_sent;
+  params.user_data = message.get();
+  params.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  void* request = ucp_am_send_nbx(receiver_side, kVerdictAm, message->data(), message->size(), nullptr, 0, &params);
+  if (request == nullptr) return;
+  if (UCS_PTR_IS_ERR(request)) {
+    logger()->debug("could not answer send {}: {}", op_id, ucs_status_string(UCS_PTR_STATUS(request)));
+    return;
+  }
+  static_cast<void>(message.release());  // on_verdict_sent owns it now
+}
+
+void AmProtocol::on_verdict_sent(void* request, ucs_status_t /*status*/, void* user_data) {
+  const std::unique_ptr<std::vector<std::byte>> message(static_cast<std::vector<std::byte>*>(user_data));
+  ucp_request_free(request);
+}
+
 ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* data, std::uint64_t length,
-                                      bool rendezvous, ucp_ep_h sender) {
+                                      bool rendezvous, ucp_ep_h sender, Status* verdict) {
+  auto turn_away = [&](const Status& why, ucs_status_t rendezvous_answer) {
+    stats_.landings_rejected.fetch_add(1);
+    if (verdict != nullptr) *verdict = why;
+    return rendezvous ? rendezvous_answer : UCS_OK;  // eager bytes are simply dropped
+  };
   // The endpoint the payload arrives on, when it is one of ours (socket-address
   // listeners accept every sender as an endpoint with peer-failure handling).
   const std::uint64_t sender_endpoint = endpoints_.id_of(sender);
   if (rendezvous && sender_endpoint != 0 && endpoints_.find(sender_endpoint)->failed) {
-    stats_.landings_rejected.fetch_add(1);
-    return UCS_ERR_REJECTED;
+    return turn_away(unavailable("the sender's connection failed"), UCS_ERR_REJECTED);
   }
   auto landing = transfers_.resolve_landing(header, length);
   if (!landing) {
-    stats_.landings_rejected.fetch_add(1);
     logger()->debug("rejected a payload of {} bytes: {}", length, landing.status().to_string());
-    return rendezvous ? refusal_status(landing.status()) : UCS_OK;  // eager bytes are simply dropped
+    return turn_away(landing.status(), refusal_status(landing.status()));
   }
   auto pending = transfers_.new_landing(header, *landing);
   if (landing->length != length || landing->destination == nullptr) {
-    stats_.landings_rejected.fetch_add(1);
     const auto refusal =
         invalid_argument(fmt::format("payload of {} bytes for a landing of {} bytes", length, landing->length));
     transfers_.report_landing(*pending, refusal, /*counted=*/false);
-    return rendezvous ? refusal_status(refusal) : UCS_OK;
+    return turn_away(refusal, refusal_status(refusal));
   }
+  if (verdict != nullptr) *verdict = Status::ok();
   if (!rendezvous) {
     std::memcpy(landing->destination, data, length);
     transfers_.report_landing(*pending, Status::ok());
@@ -104,7 +219,9 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
   if (request == nullptr) {
     transfers_.report_landing(*pending, Status::ok());
   } else if (UCS_PTR_IS_ERR(request)) {
-    transfers_.report_landing(*pending, ucx_error("ucp_am_recv_data_nbx", UCS_PTR_STATUS(request)));
+    const Status failed = ucx_error("ucp_am_recv_data_nbx", UCS_PTR_STATUS(request));
+    if (verdict != nullptr) *verdict = failed;
+    transfers_.report_landing(*pending, failed);
   } else {
     pending->request = request;
     transfers_.track_landing(std::move(pending), sender_endpoint, /*watched=*/true);

@@ -2,6 +2,9 @@
 // Mode `am`: one active message per payload, carrying the header. Small payloads go
 // eagerly and are copied into the landing; larger ones use rendezvous, so the
 // receiver resolves the landing first and UCX fetches the payload straight into it.
+// A confirmed send travels as its own message whose header starts with the send's
+// id; the receiver answers it with a verdict message (accepted, or turned away and
+// why), which the sender needs because an eager send completes without the receiver.
 
 #include <ucp/api/ucp.h>
 
@@ -39,8 +42,16 @@ class AmProtocol final : public SendProtocol {
  private:
   static ucs_status_t on_data_am(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_confirmed_data_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                           std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_verdict_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                    std::size_t length, const ucp_am_recv_param_t* param);
+  // `verdict` (when given): ok once the payload is accepted, else why it was turned away.
   ucs_status_t receive_data(std::span<const std::byte> header, void* data, std::uint64_t length, bool rendezvous,
-                            ucp_ep_h sender);
+                            ucp_ep_h sender, Status* verdict = nullptr);
+  void send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict);
+  void take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status verdict);
+  static void on_verdict_sent(void* request, ucs_status_t status, void* user_data);
   static void on_receive_done(void* request, ucs_status_t status, std::size_t length, void* user_data);
   void complete_or_track(SendOp& op, void* request, std::string_view what);
 

@@ -43,6 +43,10 @@ struct SendOp {
   ucp_rkey_h rkey = nullptr;   // put mode
   std::uint64_t grant_id = 0;  // put mode
   bool expired = false;
+  // send_confirmed(): the op finishes when both its UCX request completed and the
+  // receiver's verdict came, in either order; `verdict` holds one that came first.
+  bool confirmed = false;
+  std::optional<Status> verdict;
   // Reported to its owner (deadline) while UCX still holds the request; see abandon_send().
   bool abandoned = false;
 };

@@ -15,6 +15,7 @@ enum HeaderFlags : std::uint32_t {
   kReject = 1,      // the receiver's resolver refuses it
   kStall = 2,       // the receiver's resolver never returns (a hung peer)
   kKillSender = 4,  // the receiving test kills the sender from inside its resolver
+  kConfirm = 8,     // the sender uses send_confirmed(): it hears the receiver's verdict
 };
 
 struct TestHeader {

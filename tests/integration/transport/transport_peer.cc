@@ -73,12 +73,16 @@ int run_sender(const Args& args) {
       std::uint64_t payload = 0;
       in >> header.index >> header.source_offset >> payload >> header.landing_length >> header.flags;
       const auto index = header.index;
-      auto status =
-          (*transport)
-              ->send(*endpoint, as_bytes(header), *region, header.source_offset, payload,
-                     clock->now() + std::chrono::seconds(60), [index](Status result) {
-                       say("sent " + std::to_string(index) + " " + std::string(status_code_name(result.code())));
-                     });
+      auto on_sent = [index](Status result) {
+        say("sent " + std::to_string(index) + " " + std::string(status_code_name(result.code())));
+      };
+      const auto deadline = clock->now() + std::chrono::seconds(60);
+      auto status = (header.flags & kConfirm) ? (*transport)
+                                                    ->send_confirmed(*endpoint, as_bytes(header), *region,
+                                                                     header.source_offset, payload, deadline, on_sent)
+                                              : (*transport)
+                                                    ->send(*endpoint, as_bytes(header), *region, header.source_offset,
+                                                           payload, deadline, on_sent);
       if (!status) say("sent " + std::to_string(index) + " " + std::string(status_code_name(status.code())));
     } else if (command == "random") {
       std::uint64_t seed = 0, count = 0, window = 1;

@@ -198,6 +198,38 @@ TEST_P(ReceiverTest, RejectedLandingsLeaveThePoolUntouched) {
   EXPECT_TRUE(outcomes_.empty()) << "a rejected payload reported a landing";
 }
 
+// A confirmed send hears what the receiver decided, eager (small) or rendezvous alike.
+TEST_P(ReceiverTest, ConfirmedSendsCarryTheReceiversVerdict) {
+  const auto confirm = std::to_string(kConfirm);
+  const auto confirm_reject = std::to_string(kConfirm | kReject);
+  ASSERT_TRUE(sender_->write_line("send 5 0 100 100 " + confirm_reject));
+  ASSERT_TRUE(sender_->write_line("send 6 4096 100 100 " + confirm));
+  ASSERT_TRUE(sender_->write_line("send 7 0 1000000 1000000 " + confirm_reject));
+  ASSERT_TRUE(sender_->write_line("send 8 8192 1000000 1000000 " + confirm));
+  std::map<std::string, std::string> sent;
+  for (int i = 0; i < 4; ++i) {
+    auto line = next_line();
+    ASSERT_TRUE(line.has_value());
+    sent[line->substr(5, 1)] = line->substr(7);
+  }
+  if (GetParam().mode == UcxMode::put) {  // put mode cannot confirm: refused at once
+    for (const auto& [index, status] : sent) EXPECT_EQ(status, code(StatusCode::invalid_argument)) << index;
+    return;
+  }
+  EXPECT_EQ(sent["5"], code(StatusCode::resource_exhausted));
+  EXPECT_EQ(sent["6"], code(StatusCode::ok));
+  EXPECT_EQ(sent["7"], code(StatusCode::resource_exhausted));
+  EXPECT_EQ(sent["8"], code(StatusCode::ok));
+  ASSERT_TRUE(wait_for_outcomes(2));
+  std::lock_guard lock(mutex_);
+  EXPECT_EQ(outcomes_.size(), 2u);
+  for (const std::uint64_t index : {6, 8}) {
+    EXPECT_TRUE(outcomes_[index].status.is_ok()) << index;
+    EXPECT_TRUE(outcomes_[index].intact) << index;
+  }
+  EXPECT_EQ(rejections_, 2);
+}
+
 TEST_P(ReceiverTest, PayloadLongerThanItsLandingIsNeverWritten) {
   // The receiver reserves 1 MB but the sender pushes 2 MB (and 300 bytes for 200, eagerly).
   ASSERT_TRUE(sender_->write_line("send 3 0 2000000 1000000 0"));

@@ -1035,5 +1035,78 @@ TEST(Config, OptionsFollowTheConfiguration) {
   EXPECT_EQ(ReservationOptions::from_config(c, slab.data(), slab.size()).mode, LandingMode::receiver_chosen);
 }
 
+// ---------------------------------------------------------------- direct payloads
+
+TEST(Direct, AFreshTransferReservesOnArrivalAndLands) {
+  Harness h;
+  auto d = h.manager->resolve_direct_landing(request("t", "img", 1000));
+  ASSERT_TRUE(d.landing.accepted()) << d.reserve_outcome;
+  EXPECT_FALSE(d.reservation_id.is_none());
+  EXPECT_EQ(d.landing.target->length, 1000u);
+  EXPECT_EQ(h.manager->state_of("t"), ReservationState::landing);
+  std::fill_n(d.landing.target->data, 1000, std::byte{3});
+  EXPECT_EQ(h.manager->complete_landing("t", d.reservation_id, true), CompletionOutcome::became_ready);
+  auto ready = events_of<ReadyEvent>(h.manager->drain_events());
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].reservation_id, d.reservation_id);
+  EXPECT_EQ(h.manager->counters().direct_accepted, 1u);
+  EXPECT_EQ(h.manager->counters().reserved_writer, 1u);
+  // The producer's fallback reserve (had it not heard the verdict) finds it ready.
+  EXPECT_TRUE(std::holds_alternative<outcome::Ready>(h.manager->reserve(request("t", "img", 1000))));
+  h.expect_invariants();
+}
+
+TEST(Direct, AFullPoolTurnsThePayloadAwayAndRemembersItsWait) {
+  Harness h(4096);
+  h.reserve_writer("a", "ha", 4096);
+  auto d = h.manager->resolve_direct_landing(request("t", "img", 1000));
+  EXPECT_FALSE(d.landing.accepted());
+  EXPECT_EQ(d.landing.refusal, LandingRefusal::direct_turned_away);
+  EXPECT_NE(d.reserve_outcome.find("retry_after"), std::string::npos) << d.reserve_outcome;
+  EXPECT_FALSE(h.manager->state_of("t").has_value());  // nothing held: the producer reserves next
+  EXPECT_EQ(h.manager->counters().direct_turned_away, 1u);
+  EXPECT_EQ(h.manager->counters().pool_used_bytes, 4096u);
+  h.expect_invariants();
+}
+
+TEST(Direct, AKnownTransferKeepsToTheUsualPath) {
+  Harness h;
+  EXPECT_EQ(h.manager->cancel({"t", {}, false, false}), CancelOutcome::pre_reserved);  // cancelled before it came
+  auto cancelled = h.manager->resolve_direct_landing(request("t", "img", 1000));
+  EXPECT_FALSE(cancelled.landing.accepted());
+  h.reserve_writer("r", "other", 1000);
+  EXPECT_FALSE(h.manager->resolve_direct_landing(request("r", "other", 1000)).landing.accepted());
+  EXPECT_EQ(h.manager->counters().direct_turned_away, 2u);
+  EXPECT_EQ(h.manager->counters().reserved_writer, 1u);  // r's own reserve only
+  EXPECT_EQ(h.manager->state_of("r"), ReservationState::writing);
+  h.expect_invariants();
+}
+
+TEST(Direct, ContentAlreadyThereIsNotWrittenAgain) {
+  Harness h;
+  auto w = h.reserve_writer("w", "img", 1000);
+  // Still landing: a direct payload of the same content becomes a follower, not a writer.
+  auto follower = h.manager->resolve_direct_landing(request("f", "img", 1000));
+  EXPECT_FALSE(follower.landing.accepted());
+  EXPECT_NE(follower.reserve_outcome.find("reserved"), std::string::npos) << follower.reserve_outcome;
+  h.land("w", w, std::byte{9});
+  ASSERT_TRUE(h.manager->take("w", "img").is_ok());
+  h.manager->drain_events();
+  // Resident: the turned-away payload's transfer is READY from the resident copy at once.
+  auto hit = h.manager->resolve_direct_landing(request("again", "img", 1000));
+  EXPECT_FALSE(hit.landing.accepted());
+  auto ready = events_of<ReadyEvent>(h.manager->drain_events());
+  ASSERT_FALSE(ready.empty());
+  EXPECT_EQ(ready.back().transfer_id, "again");
+  EXPECT_TRUE(std::holds_alternative<outcome::Ready>(h.manager->reserve(request("again", "img", 1000))));
+  h.expect_invariants();
+}
+
+TEST(Direct, OneSidedShardsTurnDirectPayloadsAway) {
+  Harness h(64 * 1024, LandingMode::one_sided);
+  EXPECT_FALSE(h.manager->resolve_direct_landing(request("t", "img", 1000)).landing.accepted());
+  EXPECT_FALSE(h.manager->state_of("t").has_value());
+}
+
 }  // namespace
 }  // namespace ecx::consumer

@@ -123,7 +123,10 @@ TEST(PushEngineDataPlane, AShardThatLandsTheOtherWayFailsThePushNamingBoth) {
   EXPECT_EQ(failures[0].transfer_id, "t-mismatch");
   EXPECT_NE(failures[0].reason.find("'mooncake' (sender-chosen landing)"), std::string::npos) << failures[0].reason;
   EXPECT_NE(failures[0].reason.find("(receiver-chosen landing)"), std::string::npos) << failures[0].reason;
-  EXPECT_EQ((*engine)->counters().pushes.payloads_sent, 1u);  // decided, then refused before any byte moved
+  // Decided, then refused before any byte moved: the small item's direct payload first,
+  // then the payload the fallback reserve decided on.
+  EXPECT_EQ((*engine)->counters().pushes.direct_turned_away, 1u);
+  EXPECT_EQ((*engine)->counters().pushes.payloads_sent, 2u);
   (*engine)->shutdown(1s);
 }
 

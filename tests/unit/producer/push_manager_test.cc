@@ -45,6 +45,7 @@ TEST(PushTransitions, TableIsExactlyTheDocumentedOne) {
       {P::waiting_inputs, P::writing},   {P::waiting_inputs, P::done},      {P::waiting_inputs, P::cancel_pending},
       {P::waiting_inputs, P::cancelled}, {P::waiting_inputs, P::failed},    {P::writing, P::done},
       {P::writing, P::failed},           {P::cancel_pending, P::cancelled}, {P::cancel_pending, P::failed},
+      {P::writing, P::waiting_inputs},  // a direct payload turned away: its shard reserves
   };
   for (std::size_t f = 0; f < kPushStateCount; ++f) {
     for (std::size_t t = 0; t < kPushStateCount; ++t) {
@@ -66,6 +67,8 @@ TEST(ShardTransitions, TableIsExactlyTheDocumentedOne) {
       {S::yielding, S::abandoning},  {S::no_write, S::abandoning},   {S::no_write, S::released},
       {S::refreshing, S::reserving}, {S::refreshing, S::abandoning}, {S::sending, S::sent},
       {S::sending, S::reserved},     {S::refused, S::released},      {S::abandoning, S::released},
+      {S::reserved, S::reserving},  // a direct payload turned away reserves the usual way
+      {S::reserved, S::released},   // a direct shard holds nothing: the push ended before it sent
   };
   for (std::size_t f = 0; f < kShardStateCount; ++f) {
     for (std::size_t t = 0; t < kShardStateCount; ++t) {
@@ -591,6 +594,116 @@ TEST(Push, OptionsFollowTheConfiguration) {
   EXPECT_EQ(o.push_deadline, 12s);
   EXPECT_EQ(o.refresh_after, 50s);
   EXPECT_EQ(o.terminal_ttl, 100s);
+  EXPECT_EQ(o.direct_max_bytes, 128u * 1024);
+  c.ucx_mode = "put";  // its sends cannot be confirmed: no direct payloads
+  EXPECT_EQ(PushOptions::from_config(c).direct_max_bytes, 0u);
+  c.ucx_mode = "am";
+  c.transport = "mooncake";
+  EXPECT_EQ(PushOptions::from_config(c).direct_max_bytes, 0u);
+}
+
+PushOptions direct_up_to(std::uint64_t bytes) {
+  PushOptions o;
+  o.direct_max_bytes = bytes;
+  return o;
+}
+
+TEST(Direct, ASmallItemSkipsTheReserveAndGoesOutWithItsSource) {
+  Fixture f(direct_up_to(1000));
+  auto a = f.start(push("t"), 2);
+  EXPECT_TRUE(a.reserves.empty());
+  EXPECT_EQ(f.m.counters().io_in_flight, 0u);
+  auto sent = f.m.bind_source("img", 9, 1000);
+  ASSERT_EQ(sent.payloads.size(), 2u);
+  for (const auto& p : sent.payloads) {
+    EXPECT_TRUE(p.direct);
+    EXPECT_TRUE(p.reservation_id.is_none());
+    EXPECT_EQ(p.mm_hash, "img");
+    ASSERT_TRUE(p.spec.has_value());
+    EXPECT_EQ(p.spec->nbytes(), 1000u);
+  }
+  EXPECT_TRUE(f.m.on_payload_result("t", 0, Status::ok()).empty());
+  auto last = f.m.on_payload_result("t", 1, Status::ok());
+  EXPECT_EQ(last.release_sources, std::vector<SourceId>{9});
+  EXPECT_EQ(f.m.state_of("t"), P::done);
+  EXPECT_EQ(f.m.counters().direct_sent, 2u);
+  EXPECT_EQ(f.m.counters().direct_turned_away, 0u);
+  f.expect_invariants();
+}
+
+TEST(Direct, ALargerItemReservesFirst) {
+  Fixture f(direct_up_to(999));
+  EXPECT_EQ(f.start(push("t"), 2).reserves.size(), 2u);
+}
+
+TEST(Direct, AShardThatTurnsThePayloadAwayIsReservedOnceTheOtherSendsSettle) {
+  Fixture f(direct_up_to(1000));
+  f.start(push("t"), 2);
+  f.m.bind_source("img", 9, 1000);
+  // Shard 1 turns it away while shard 0's send is still out: nothing is asked yet.
+  EXPECT_TRUE(f.m.on_payload_result("t", 1, resource_exhausted("pool full")).empty());
+  EXPECT_EQ(f.m.state_of("t"), P::writing);
+  auto a = f.m.on_payload_result("t", 0, Status::ok());
+  ASSERT_EQ(a.reserves.size(), 1u);
+  EXPECT_EQ(a.reserves[0].shard, 1);
+  EXPECT_TRUE(a.release_sources.empty());  // the fallback payload still needs it
+  EXPECT_EQ(f.m.state_of("t"), P::waiting_inputs);
+  EXPECT_EQ(f.m.shard_state_of("t", 0), Sh::sent);
+  f.expect_invariants();
+  // The reserve's answer decides: here a writer slot, so the usual payload follows,
+  // to shard 1 only.
+  auto r = writer(4096);
+  auto b = f.m.on_reserve_reply("t", 1, r);
+  ASSERT_EQ(b.payloads.size(), 1u);
+  EXPECT_EQ(b.payloads[0].shard, 1);
+  EXPECT_FALSE(b.payloads[0].direct);
+  EXPECT_EQ(b.payloads[0].reservation_id, r.reservation_id);
+  auto done = f.m.on_payload_result("t", 1, Status::ok());
+  EXPECT_EQ(done.release_sources, std::vector<SourceId>{9});
+  EXPECT_EQ(f.m.state_of("t"), P::done);
+  EXPECT_EQ(f.m.counters().direct_turned_away, 1u);
+  f.expect_invariants();
+}
+
+TEST(Direct, AFallbackReserveThatFindsTheContentThereEndsDone) {
+  Fixture f(direct_up_to(1000));
+  f.start(push("t"), 1);
+  f.m.bind_source("img", 9, 1000);
+  auto a = f.m.on_payload_result("t", 0, resource_exhausted("turned away"));
+  ASSERT_EQ(a.reserves.size(), 1u);
+  auto b = f.m.on_reserve_reply("t", 0, reply::Ready{ReservationId::random()});
+  EXPECT_EQ(b.release_sources, std::vector<SourceId>{9});
+  EXPECT_EQ(f.m.state_of("t"), P::done);
+  f.expect_invariants();
+}
+
+TEST(Direct, AFallbackKeepsThePushDeadline) {
+  Fixture f(direct_up_to(1000));
+  f.start(push("t"), 1);
+  f.clock->advance(30s);
+  f.m.bind_source("img", 9, 1000);
+  f.m.on_payload_result("t", 0, resource_exhausted("turned away"));
+  // 35 s more would pass the deadline the push started with (60 s from its start).
+  auto a = f.m.on_reserve_reply("t", 0, reply::RetryAfter{35s});
+  EXPECT_EQ(a.release_sources, std::vector<SourceId>{9});
+  EXPECT_EQ(f.m.state_of("t"), P::failed);
+  f.expect_invariants();
+}
+
+TEST(Direct, APayloadThatDidNotArriveIsReservedAndAGoneConsumerFailsThePush) {
+  Fixture f(direct_up_to(1000));
+  f.start(push("t"), 2);
+  f.m.bind_source("img", 9, 1000);
+  f.m.on_payload_result("t", 0, resource_exhausted("turned away"));
+  // A direct payload that did not arrive is turned away the same way: the shard reserves.
+  auto a = f.m.on_payload_result("t", 1, unavailable("peer gone"));
+  EXPECT_EQ(a.reserves.size(), 2u);
+  // The consumer is gone: the first refused reserve fails the push.
+  auto b = f.m.on_reserve_reply("t", 0, reply::Refused{unavailable("unreachable")});
+  EXPECT_EQ(b.release_sources, std::vector<SourceId>{9});
+  EXPECT_TRUE(f.m.on_reserve_reply("t", 1, reply::Refused{unavailable("unreachable")}).empty());
+  EXPECT_EQ(f.m.state_of("t"), P::failed);
+  f.expect_invariants();
 }
 
 // A small simulated world: actions are executed with random outcomes and delays.
@@ -607,6 +720,7 @@ TEST(PushModel, RandomWorldsSettleWithoutLeaks) {
     PushOptions o;
     o.push_deadline = 2s;
     o.refresh_after = 1s;
+    if (seed % 2 == 0) o.direct_max_bytes = 1000;  // every item goes direct first
     Fixture f(o);
     std::vector<ReserveCommand> reserves;
     std::vector<PayloadCommand> payloads;
