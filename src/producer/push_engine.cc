@@ -513,17 +513,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     }
   }
 
+  // One reserve_batch per item: a shard holds a request none of whose items fits until
+  // one does (reserve_hold_ms), then answers the whole request, so items batched
+  // together came back as retry_after whenever only some fitted (about one per image in
+  // `ecx demo`, 0 with one item per request, at the same wall time).
   void execute_reserves(const std::vector<ReserveCommand>& reserves, Actions& more) {
-    // One reserve_batch per shard address, and one of its own for each item refused
-    // before (ReserveCommand::alone).
-    struct Batch {
-      std::string address;
-      std::string base;
-      std::vector<wire::ReserveItem> items;
-      std::vector<std::pair<std::string, int>> ids;
-    };
-    std::vector<Batch> batches;
-    std::map<std::string, std::size_t> shared_batch;  // address -> index in batches
     for (const auto& r : reserves) {
       const auto* shard = shard_endpoint(r.consumer_address, r.shard);
       if (shard == nullptr) {
@@ -531,18 +525,12 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
                                             reply::Refused{unavailable("consumer topology is not known")}));
         continue;
       }
-      std::size_t index = batches.size();
-      if (!r.alone) index = shared_batch.try_emplace(shard->control, batches.size()).first->second;
-      if (index == batches.size()) batches.push_back(Batch{shard->control, r.consumer_address, {}, {}});
-      Batch& batch = batches[index];
-      batch.items.push_back(wire::ReserveItem{r.transfer_id, r.mm_hash, r.spec, std::nullopt});
-      batch.ids.emplace_back(r.transfer_id, r.shard);
-    }
-    for (auto& batch : batches) {
-      const std::string& address = batch.address;
       std::weak_ptr<State> weak = weak_from_this();
-      client->call_async(address, wire::ReserveBatchRequest{std::move(batch.items)}, config.control_timeout(),
-                         [weak, base = batch.base, ids = std::move(batch.ids),
+      std::vector<std::pair<std::string, int>> ids{{r.transfer_id, r.shard}};
+      client->call_async(shard->control,
+                         wire::ReserveBatchRequest{{wire::ReserveItem{r.transfer_id, r.mm_hash, r.spec, std::nullopt}}},
+                         config.control_timeout(),
+                         [weak, base = r.consumer_address, ids = std::move(ids),
                           sent = clock->now()](Result<wire::Reply> reply) mutable {
                            auto s = weak.lock();
                            if (!s) return;

@@ -166,8 +166,8 @@ void PushCore::send_reserve(Push& p, int shard, Actions& out) {
   move(p, s, Sh::reserving);
   s.io = true;
   ++io_in_flight_;
-  out.reserves.push_back(ReserveCommand{p.spec.transfer_id, shard, p.spec.consumer_address, p.spec.mm_hash, p.spec.spec,
-                                        s.retry_afters > 0});
+  out.reserves.push_back(
+      ReserveCommand{p.spec.transfer_id, shard, p.spec.consumer_address, p.spec.mm_hash, p.spec.spec});
 }
 
 void PushCore::send_cancel(Push& p, int shard, Sh to, Actions& out) {

@@ -99,10 +99,6 @@ struct ReserveCommand {
   std::string consumer_address;
   std::string mm_hash;
   TensorSpec spec;
-  // Refused before: ask in a request of its own. A shard holds a request until all of
-  // its items fit (or answers it when one does), so a refused item batched with others
-  // would be refused again each time space for one of them frees.
-  bool alone = false;
 };
 struct PayloadCommand {
   std::string transfer_id;

@@ -3,6 +3,7 @@
 // control timeout: shutdown must still end within its own budget), and a shard whose
 // data plane lands payloads the other way (the push fails, naming both).
 #include <chrono>
+#include <mutex>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -83,6 +84,52 @@ TEST(PushEngineShutdown, IdleEngineStopsAtOnce) {
   const auto started = std::chrono::steady_clock::now();
   (*engine)->shutdown(10s);
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+}
+
+// Records how many items each reserve_batch carries.
+class CountingShard : public control::testing::TestHandler {
+ public:
+  std::vector<wire::ReserveResult> reserve_batch(const control::RequestContext& context,
+                                                 std::span<const wire::ReserveItem> items) override {
+    {
+      std::lock_guard lock(mutex);
+      sizes.push_back(items.size());
+    }
+    return TestHandler::reserve_batch(context, items);
+  }
+  std::vector<std::size_t> batch_sizes() {
+    std::lock_guard lock(mutex);
+    return sizes;
+  }
+
+ private:
+  std::mutex mutex;
+  std::vector<std::size_t> sizes;
+};
+
+// A shard holds a request none of whose items fits until one does, then answers it
+// whole: items asked together would come back as retry_after whenever only some fit.
+TEST(PushEngineReserves, EachItemIsReservedInARequestOfItsOwn) {
+  auto handler = std::make_shared<CountingShard>();
+  auto shards = control::testing::start_shards(1, handler);
+  ASSERT_EQ(shards.size(), 1u);
+  auto engine = PushEngine::start(producer_config(nlohmann::json{{"direct_payload_max_bytes", 0}}));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  const std::string consumer = shards[0]->control_endpoint();
+  for (int i = 0; i < 6; ++i) {
+    const auto n = std::to_string(i);
+    (*engine)->submit(PushSpec{"t-" + n, "h-" + n, consumer, *spec, "r-" + n});
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (handler->batch_sizes().size() < 6 && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(50ms);
+  }
+  const auto sizes = handler->batch_sizes();
+  ASSERT_EQ(sizes.size(), 6u);
+  for (const std::size_t n : sizes) EXPECT_EQ(n, 1u);
+  (*engine)->shutdown(1s);
 }
 
 // A shard that says the producer writes its pool one-sidedly (as a Mooncake shard

@@ -237,22 +237,6 @@ TEST(Push, RetryAfterIsRetriedUntilItFits) {
   EXPECT_EQ(f.m.counters().retry_afters, 1u);
 }
 
-// A refused shard asks again in a request of its own, so the consumer can hold it
-// until it fits; a first ask is batched with the others.
-TEST(Push, AShardRefusedBeforeAsksAgainAlone) {
-  Fixture f;
-  auto first = f.start(push("t"), 2);
-  ASSERT_EQ(first.reserves.size(), 2u);
-  for (const auto& r : first.reserves) EXPECT_FALSE(r.alone);
-  f.m.on_reserve_reply("t", 0, writer());
-  f.m.on_reserve_reply("t", 1, reply::RetryAfter{5ms});
-  f.clock->advance(5ms);
-  auto again = f.m.tick();
-  ASSERT_EQ(again.reserves.size(), 1u);
-  EXPECT_EQ(again.reserves[0].shard, 1);
-  EXPECT_TRUE(again.reserves[0].alone);
-}
-
 // A push holds every shard's slot or none: a shard told to retry makes the siblings
 // that reserved give their slots back (a refresh cancel, so the consumer expires the
 // record instead of marking the transfer cancelled), and they reserve again with it.
@@ -324,7 +308,6 @@ TEST(Push, AYieldAnsweredAfterTheSiblingAskedAgainReservesAtOnce) {
   auto answered = f.m.on_cancel_result("t", 0, Status::ok());
   ASSERT_EQ(answered.reserves.size(), 1u);
   EXPECT_EQ(answered.reserves[0].shard, 0);
-  EXPECT_FALSE(answered.reserves[0].alone);  // it was never refused itself
   f.expect_invariants();
 }
 
