@@ -648,11 +648,18 @@ TEST(Direct, AShardThatTurnsThePayloadAwayIsReservedOnceTheOtherSendsSettle) {
   f.expect_invariants();
 }
 
+// A one-shard direct push "t" whose payload (source 9) the shard turned away,
+// `encoding` after the push started: what the push asks for next.
+Actions turned_away_alone(Fixture& f, Duration encoding = {}) {
+  f.start(push("t"), 1);
+  f.clock->advance(encoding);
+  f.m.bind_source("img", 9, 1000);
+  return f.m.on_payload_result("t", 0, resource_exhausted("turned away"));
+}
+
 TEST(Direct, AFallbackReserveThatFindsTheContentThereEndsDone) {
   Fixture f(direct_up_to(1000));
-  f.start(push("t"), 1);
-  f.m.bind_source("img", 9, 1000);
-  auto a = f.m.on_payload_result("t", 0, resource_exhausted("turned away"));
+  auto a = turned_away_alone(f);
   ASSERT_EQ(a.reserves.size(), 1u);
   auto b = f.m.on_reserve_reply("t", 0, reply::Ready{ReservationId::random()});
   EXPECT_EQ(b.release_sources, std::vector<SourceId>{9});
@@ -662,10 +669,7 @@ TEST(Direct, AFallbackReserveThatFindsTheContentThereEndsDone) {
 
 TEST(Direct, AFallbackKeepsThePushDeadline) {
   Fixture f(direct_up_to(1000));
-  f.start(push("t"), 1);
-  f.clock->advance(30s);
-  f.m.bind_source("img", 9, 1000);
-  f.m.on_payload_result("t", 0, resource_exhausted("turned away"));
+  turned_away_alone(f, 30s);
   // 35 s more would pass the deadline the push started with (60 s from its start).
   auto a = f.m.on_reserve_reply("t", 0, reply::RetryAfter{35s});
   EXPECT_EQ(a.release_sources, std::vector<SourceId>{9});
