@@ -194,6 +194,27 @@ struct Harness {
     if (in.ConsumeBool()) finish_landing(tid, how);  // else later (or never)
   }
 
+  // A direct payload: its reserve happens on arrival, and it lands only as the writer
+  // of a fresh slot.
+  void land_direct(int id, int hash) {
+    const auto asked = request(id, hash);
+    if (!asked) return;
+    const std::string& tid = asked->transfer_id;
+    const auto d = manager->resolve_direct_landing(*asked);
+    TRACE("direct %s %s -> %s\n", tid.c_str(), asked->mm_hash.c_str(),
+          d.landing.accepted() ? "accepted" : d.reserve_outcome.c_str());
+    if (!d.landing.accepted()) return;
+    check(!one_sided && !shut_down);
+    check(d.landing.target->length == asked->spec.nbytes());
+    const Range range = range_of(d.landing.target->data, d.landing.target->length);
+    check(!open_writes.count(tid));
+    known[tid] = Known{d.reservation_id, d.landing.target->generation, range, true, asked->mm_hash};
+    open_write(tid, range, asked->mm_hash);
+    const int how = in.ConsumeIntegralInRange<int>(0, 3);
+    fill(range, how == 0 ? std::byte{0xEE} : pattern(asked->mm_hash));
+    if (in.ConsumeBool()) finish_landing(tid, how);
+  }
+
   void finish_landing(const std::string& tid, int how) {
     auto open = open_writes.find(tid);
     if (open == open_writes.end()) return;
@@ -303,7 +324,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const int id = in.ConsumeIntegralInRange<int>(0, kIds - 1);
     const int hash = in.ConsumeIntegralInRange<int>(0, kHashes - 1);
     const std::string tid = id_name(id);
-    switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 16)) {
       case 0:
       case 1:
         h.reserve(id, hash);
@@ -365,6 +386,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           h.shut_down = true;
           h.manager->begin_shutdown();
         }
+        break;
+      case 16:
+        h.land_direct(id, hash);
         break;
     }
     h.check_all();

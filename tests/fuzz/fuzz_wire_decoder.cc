@@ -1,14 +1,17 @@
-// libFuzzer target for the control-frame decoders. Any input must come back as a
+// libFuzzer target for the control-frame decoders and the data plane's payload
+// header (reserved and direct). Any input must come back as a
 // value (never a crash, an exception, a leak or undefined behaviour), and whatever
 // decodes must survive encode -> decode unchanged.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "ecx/wire/codec.h"
+#include "ecx/wire/payload_header.h"
 
 namespace {
 
@@ -41,6 +44,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto back = ecx::wire::decode_reply(again, ecx::wire::Limits{.max_frame_bytes = 64 << 20});
     check(back.is_ok());
     check(back->id == reply->id && back->status == reply->status && back->body == reply->body);
+  }
+
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
+  if (auto header = ecx::wire::decode_payload_header(bytes)) {
+    auto back = ecx::wire::decode_payload_header(ecx::wire::encode_payload_header(*header));
+    check(back.is_ok());
+    check(*back == *header);
   }
 
   if (auto event = ecx::wire::decode_event(frame, limits)) {
