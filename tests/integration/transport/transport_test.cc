@@ -348,18 +348,21 @@ class SenderTest : public ::testing::TestWithParam<Variant> {
     }
   };
 
-  std::shared_ptr<Completion> send(std::uint64_t index, std::uint64_t bytes, std::uint32_t flags, Duration deadline) {
+  std::shared_ptr<Completion> send(std::uint64_t index, std::uint64_t bytes, std::uint32_t flags, Duration deadline,
+                                   bool confirmed = false) {
     auto completion = std::make_shared<Completion>();
     TestHeader header;
     header.index = index;
     header.landing_length = bytes;
     header.flags = flags;
-    auto status = transport_->send(endpoint_, as_bytes(header), region_, 0, bytes, clock_->now() + deadline,
-                                   [completion](Status result) {
-                                     std::lock_guard lock(completion->mutex);
-                                     completion->status = result;
-                                     completion->done.notify_all();
-                                   });
+    auto on_sent = [completion](Status result) {
+      std::lock_guard lock(completion->mutex);
+      completion->status = result;
+      completion->done.notify_all();
+    };
+    const TimePoint at = clock_->now() + deadline;
+    auto status = confirmed ? transport_->send_confirmed(endpoint_, as_bytes(header), region_, 0, bytes, at, on_sent)
+                            : transport_->send(endpoint_, as_bytes(header), region_, 0, bytes, at, on_sent);
     EXPECT_TRUE(status) << status.to_string();
     return completion;
   }
@@ -405,6 +408,21 @@ TEST_P(SenderTest, StuckReceiverFailsTheSendAtItsDeadline) {
     ASSERT_TRUE(fresh) << fresh.status().to_string();
     EXPECT_NE(*fresh, endpoint_) << "a closed endpoint is never handed out again";
   }
+}
+
+// A confirmed send whose receiver never answers ends with the peer's failure (or at
+// its deadline where peer failures go unnoticed), even though its bytes went eagerly.
+TEST_P(SenderTest, ConfirmedSendWhoseReceiverDiesBeforeAnsweringFails) {
+  if (GetParam().mode == UcxMode::put) GTEST_SKIP() << "put mode has no confirmed sends";
+  auto completion = send(5, 1000, kStall, 30s, /*confirmed=*/true);
+  auto line = receiver_->read_line(30s);
+  ASSERT_EQ(line.value_or(""), "stalled 5");
+  EXPECT_FALSE(completion->wait(50ms)) << "completed without the receiver's verdict";
+  receiver_->kill();
+  if (!GetParam().peer_errors) clock_->advance(31s);
+  ASSERT_TRUE(completion->wait(30s)) << "the send never ended";
+  EXPECT_EQ(completion->status->code(), GetParam().peer_errors ? StatusCode::unavailable : StatusCode::timeout)
+      << completion->status->to_string();
 }
 
 TEST_P(SenderTest, KilledReceiverFailsTheSendWithinItsDeadline) {
