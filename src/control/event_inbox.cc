@@ -185,7 +185,10 @@ void EventInbox::State::install(const Topology& topology) {
     detail::set_common_options(socket, options.limits);
     socket.set(zmq::sockopt::reconnect_ivl, 100);
     socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
-    local = std::make_shared<detail::LocalEventQueue>(options.max_events_per_drain);
+    // One queue for every shard served in this process: each keeps the bound its own
+    // queue has on the network path (at TP 2 a shared bound of one shard's overflowed
+    // and lost READY events, which nothing resends).
+    local = std::make_shared<detail::LocalEventQueue>(options.max_events_per_drain * topology.shards.size());
     for (const ShardEndpoint& shard : topology.shards) {
       if (options.in_process && !shard.hello.instance.empty() &&
           detail::LocalEventRegistry::instance().subscribe(shard.hello.instance, options.auth_secret, local)) {

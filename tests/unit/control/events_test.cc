@@ -108,6 +108,26 @@ TEST(ControlEvents, ShardsInThisProcessHandOverInMemoryAndTheNetworkPathStaysAva
   }
 }
 
+// Shards of this process share one in-memory queue; each keeps the bound its own queue
+// has on the network path, so one shard's backlog does not crowd out the other's.
+TEST(ControlEvents, EachShardInThisProcessKeepsItsOwnEventBound) {
+  auto handler = std::make_shared<TestHandler>();
+  auto shards = testing::start_shards(2, handler);
+  ASSERT_EQ(shards.size(), 2u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  InboxOptions o;
+  o.base_address = local(shards[0]->port());
+  o.discovery_timeout = 2s;
+  o.max_events_per_drain = 4;  // the configured event_queue_max
+  auto inbox = testing::must(EventInbox::create(*client, o));
+  std::vector<wire::Event> out;
+  ASSERT_TRUE(wait_subscribed(*inbox, out));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(shards[i % 2]->publish(ready_event("t-" + std::to_string(i))).is_ok());
+  auto events = collect(*inbox, 8);
+  EXPECT_EQ(events.size(), 8u);
+  EXPECT_EQ(shards[0]->counters().events_dropped + shards[1]->counters().events_dropped, 0u);
+}
+
 TEST(ControlEvents, EventsQueuedBeforeAnInProcessSubscriptionAreHandedOverWhenItComes) {
   auto handler = std::make_shared<TestHandler>();
   auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
