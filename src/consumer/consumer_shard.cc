@@ -148,7 +148,6 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
     auto resolution = reservations->resolve_direct_landing(
         ReserveRequest{header.transfer_id, item.mm_hash, item.spec, header.checksum});
     if (!resolution.landing.accepted()) {
-      publish_events();  // its reserve may have found a resident copy: that READY goes out now
       auto refused = resource_exhausted(fmt::format("transfer_id={}: direct payload turned away (its reserve: {})",
                                                     header.transfer_id, resolution.reserve_outcome));
       log->debug("shard {}: {}", config.layout.tp_rank, refused.message());

@@ -53,6 +53,12 @@ DirectLandingResolution ReservationCore::resolve_direct_landing(const ReserveReq
   // A transfer it already knows (reserved, cancelled before its payload, ...) keeps to
   // the usual path, whose reserve reply says what became of it.
   if (find(req.transfer_id) != nullptr) return turn_away("the transfer already has a record");
+  // Content resident or already landing: the producer's reserve makes the record (a
+  // resident hit or a follower). Made here as well, the reserve that follows could find
+  // it taken already and make a second one, whose READY nobody would take.
+  if (store_.resident(req.mm_hash) != kNoSlot || store_.filling(req.mm_hash) != kNoSlot) {
+    return turn_away("its content is resident or already landing here");
+  }
   const ReserveOutcome reserved = reserve_and_settle_waiter(req);
   const auto* slot = std::get_if<outcome::Reserved>(&reserved);
   Record* r = slot != nullptr && slot->write ? find(req.transfer_id) : nullptr;

@@ -124,9 +124,9 @@ class ReservationManager {
                                     std::uint64_t nbytes, std::uint64_t generation = 0);
   // A direct payload (sent without a reservation, docs/protocol.md "Direct payloads"):
   // reserves for it as reserve() would, and accepts the landing only when that makes it
-  // the writer of a fresh slot. Anything else (no space, a follower, a resident copy,
-  // a known transfer, a refusal) turns it away: its producer then reserves the usual
-  // way and learns the outcome from that reply (reserve is idempotent).
+  // the writer of a fresh slot. Anything else (a known transfer, content resident or
+  // landing, no space, a refusal) turns it away without a record: its producer then
+  // reserves the usual way and learns the outcome from that reply.
   DirectLandingResolution resolve_direct_landing(const ReserveRequest& request);
   // Exactly once per accepted landing. ok = the whole payload arrived. With checksums
   // on, the landed bytes must hash to `checksum` (or to the reserve's checksum).
