@@ -51,9 +51,10 @@ struct TopologyRefresh {
   std::string base;
   Result<control::Topology> topology;
 };
-struct ReserveResult {
+struct ReserveResult {  // of one item: every reserve goes in a request of its own
   std::string base;
-  std::vector<std::pair<std::string, int>> items;  // (transfer id, shard) in request order
+  std::string transfer_id;
+  int shard = 0;
   Result<wire::Reply> reply;
 };
 struct PayloadResult {
@@ -329,24 +330,15 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   void handle(AbandonSourcelessCommand&, Actions& actions) { actions.append(pushes.cancel_sourceless()); }
 
   void handle(ReserveResult& result, Actions& actions) {
-    if (!result.reply) {
-      refresh_topology(result.base);
-      for (const auto& [tid, shard] : result.items) {
-        actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{result.reply.status()}));
-      }
-      return;
-    }
-    auto body = control::reply_body<wire::ReserveBatchReply>(std::move(result.reply));
-    for (std::size_t i = 0; i < result.items.size(); ++i) {
-      const auto& [tid, shard] = result.items[i];
-      if (!body) {
-        actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{body.status()}));
-      } else if (i >= body->items.size()) {
-        actions.append(pushes.on_reserve_reply(tid, shard, reply::Refused{protocol_error("reply lacks this item")}));
-      } else {
-        actions.append(pushes.on_reserve_reply(tid, shard, to_reply(body->items[i])));
-      }
-    }
+    if (!result.reply) refresh_topology(result.base);
+    const ReserveReply answer = [&]() -> ReserveReply {
+      if (!result.reply) return reply::Refused{result.reply.status()};
+      auto body = control::reply_body<wire::ReserveBatchReply>(std::move(result.reply));
+      if (!body) return reply::Refused{body.status()};
+      if (body->items.empty()) return reply::Refused{protocol_error("reply lacks this item")};
+      return to_reply(body->items.front());
+    }();
+    actions.append(pushes.on_reserve_reply(result.transfer_id, result.shard, answer));
   }
 
   void handle(PayloadResult& result, Actions& actions) {
@@ -526,16 +518,15 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         continue;
       }
       std::weak_ptr<State> weak = weak_from_this();
-      std::vector<std::pair<std::string, int>> ids{{r.transfer_id, r.shard}};
       client->call_async(shard->control,
                          wire::ReserveBatchRequest{{wire::ReserveItem{r.transfer_id, r.mm_hash, r.spec, std::nullopt}}},
                          config.control_timeout(),
-                         [weak, base = r.consumer_address, ids = std::move(ids),
+                         [weak, base = r.consumer_address, tid = r.transfer_id, shard_index = r.shard,
                           sent = clock->now()](Result<wire::Reply> reply) mutable {
                            auto s = weak.lock();
                            if (!s) return;
                            if (reply) stages::record(stages::Stage::reserve, s->clock->now() - sent);
-                           s->enqueue(ReserveResult{base, std::move(ids), std::move(reply)});
+                           s->enqueue(ReserveResult{base, tid, shard_index, std::move(reply)});
                          });
     }
   }

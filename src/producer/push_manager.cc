@@ -492,7 +492,6 @@ Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
     }
     Shard& s = push.shards[static_cast<std::size_t>(i)];
     s.direct = true;
-    s.reserved_at = now();
     move(push, s, Sh::reserved);  // to send once the source is there
   }
   return out;

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "core/byte_order.h"
+
 namespace ecx::wire {
 namespace {
 
@@ -13,29 +15,13 @@ constexpr std::uint8_t kMagic[4] = {'E', 'C', 'X', 'P'};
 constexpr std::uint8_t kFlagChecksum = 1;
 constexpr std::uint8_t kFlagDirect = 2;
 
-void put_u64(std::byte* at, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-
-std::uint64_t get_u64(const std::byte* at) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint64_t>(at[i]);
-  return v;
-}
-
-void put_u16(std::byte* at, std::size_t v) {
-  at[0] = static_cast<std::byte>(v & 0xff);
-  at[1] = static_cast<std::byte>((v >> 8) & 0xff);
-}
-
-std::size_t get_u16(const std::byte* at) {
-  return static_cast<std::size_t>(at[0]) | (static_cast<std::size_t>(at[1]) << 8);
-}
+using byte_order::get_le;
+using byte_order::put_le;
 
 std::size_t direct_bytes(const DirectItem& d) { return 2 + d.mm_hash.size() + 2 + 8 * d.spec.shape().size(); }
 
 void put_direct(std::byte* at, const DirectItem& d) {
-  put_u16(at, d.mm_hash.size());
+  put_le(at, static_cast<std::uint16_t>(d.mm_hash.size()));
   std::memcpy(at + 2, d.mm_hash.data(), d.mm_hash.size());
   at += 2 + d.mm_hash.size();
   const auto dtypes = all_dtypes();
@@ -43,7 +29,7 @@ void put_direct(std::byte* at, const DirectItem& d) {
   at[1] = static_cast<std::byte>(d.spec.shape().size());
   at += 2;
   for (const std::int64_t dim : d.spec.shape()) {
-    put_u64(at, static_cast<std::uint64_t>(dim));
+    put_le(at, static_cast<std::uint64_t>(dim));
     at += 8;
   }
 }
@@ -52,7 +38,7 @@ void put_direct(std::byte* at, const DirectItem& d) {
 Result<DirectItem> get_direct(std::span<const std::byte> bytes, std::uint64_t nbytes) {
   auto truncated = [] { return protocol_error("payload header: the direct item is truncated"); };
   if (bytes.size() < 2) return truncated();
-  const std::size_t hash_len = get_u16(bytes.data());
+  const std::size_t hash_len = get_le<std::uint16_t>(bytes.data());
   if (bytes.size() < 2 + hash_len + 2) return truncated();
   std::string mm_hash(reinterpret_cast<const char*>(bytes.data() + 2), hash_len);
   if (auto s = validate_mm_hash(mm_hash); !s) return protocol_error("payload header: " + s.message());
@@ -68,7 +54,7 @@ Result<DirectItem> get_direct(std::span<const std::byte> bytes, std::uint64_t nb
   at += 2;
   std::vector<std::int64_t> shape;
   for (std::size_t i = 0; i < rank; ++i, at += 8) {
-    const std::uint64_t dim = get_u64(at);
+    const std::uint64_t dim = get_le<std::uint64_t>(at);
     if (dim > static_cast<std::uint64_t>(INT64_MAX)) return protocol_error("payload header: a dimension overflows");
     shape.push_back(static_cast<std::int64_t>(dim));
   }
@@ -89,14 +75,12 @@ std::vector<std::byte> encode_payload_header(const PayloadHeader& h) {
   std::memcpy(out.data(), kMagic, 4);
   out[4] = static_cast<std::byte>(kPayloadHeaderVersion);
   out[5] = static_cast<std::byte>((h.checksum ? kFlagChecksum : 0) | (h.direct ? kFlagDirect : 0));
-  const auto len = static_cast<std::uint16_t>(h.transfer_id.size());
-  out[6] = static_cast<std::byte>(len & 0xff);
-  out[7] = static_cast<std::byte>(len >> 8);
-  put_u64(out.data() + 8, h.reservation_id.hi());
-  put_u64(out.data() + 16, h.reservation_id.lo());
-  put_u64(out.data() + 24, h.generation);
-  put_u64(out.data() + 32, h.nbytes);
-  put_u64(out.data() + 40, h.checksum.value_or(0));
+  put_le(out.data() + 6, static_cast<std::uint16_t>(h.transfer_id.size()));
+  put_le<std::uint64_t>(out.data() + 8, h.reservation_id.hi());
+  put_le<std::uint64_t>(out.data() + 16, h.reservation_id.lo());
+  put_le<std::uint64_t>(out.data() + 24, h.generation);
+  put_le<std::uint64_t>(out.data() + 32, h.nbytes);
+  put_le<std::uint64_t>(out.data() + 40, h.checksum.value_or(0));
   std::memcpy(out.data() + kPayloadHeaderFixedBytes, h.transfer_id.data(), h.transfer_id.size());
   if (h.direct) put_direct(out.data() + kPayloadHeaderFixedBytes + h.transfer_id.size(), *h.direct);
   return out;
@@ -116,7 +100,7 @@ Result<PayloadHeader> decode_payload_header(std::span<const std::byte> bytes) {
   const auto flags = static_cast<std::uint8_t>(bytes[5]);
   if ((flags & ~(kFlagChecksum | kFlagDirect)) != 0) return protocol_error("payload header has unknown flags");
   const bool direct = (flags & kFlagDirect) != 0;
-  const std::size_t len = get_u16(bytes.data() + 6);
+  const std::size_t len = get_le<std::uint16_t>(bytes.data() + 6);
   if (direct ? bytes.size() < kPayloadHeaderFixedBytes + len : bytes.size() != kPayloadHeaderFixedBytes + len) {
     return protocol_error(fmt::format("payload header declares a {}-byte transfer id but carries {} bytes", len,
                                       bytes.size() - kPayloadHeaderFixedBytes));
@@ -124,10 +108,10 @@ Result<PayloadHeader> decode_payload_header(std::span<const std::byte> bytes) {
   PayloadHeader h;
   h.transfer_id.assign(reinterpret_cast<const char*>(bytes.data() + kPayloadHeaderFixedBytes), len);
   if (auto s = validate_transfer_id(h.transfer_id); !s) return protocol_error("payload header: " + s.message());
-  h.reservation_id = ReservationId(get_u64(bytes.data() + 8), get_u64(bytes.data() + 16));
-  h.generation = get_u64(bytes.data() + 24);
-  h.nbytes = get_u64(bytes.data() + 32);
-  if (flags & kFlagChecksum) h.checksum = get_u64(bytes.data() + 40);
+  h.reservation_id = ReservationId(get_le<std::uint64_t>(bytes.data() + 8), get_le<std::uint64_t>(bytes.data() + 16));
+  h.generation = get_le<std::uint64_t>(bytes.data() + 24);
+  h.nbytes = get_le<std::uint64_t>(bytes.data() + 32);
+  if (flags & kFlagChecksum) h.checksum = get_le<std::uint64_t>(bytes.data() + 40);
   if (direct) {
     if (!h.reservation_id.is_none() || h.generation != 0) {
       return protocol_error("payload header: a direct payload names a reservation");

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "core/byte_order.h"
+
 namespace ecx::transport::ucx {
 namespace {
 
@@ -17,20 +19,13 @@ constexpr unsigned kVerdictAm = 22;        // header: the send's id (u64 LE), st
 constexpr std::size_t kIdBytes = 8;
 constexpr std::size_t kMaxVerdictReason = 256;
 
-void put_u64(std::byte* at, std::uint64_t v) {
-  for (std::size_t i = 0; i < kIdBytes; ++i) at[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-
-std::uint64_t get_u64(const std::byte* at) {
-  std::uint64_t v = 0;
-  for (std::size_t i = kIdBytes; i-- > 0;) v = (v << 8) | static_cast<std::uint64_t>(at[i]);
-  return v;
-}
+using byte_order::get_le;
+using byte_order::put_le;
 
 std::vector<std::byte> encode_verdict(std::uint64_t op_id, const Status& verdict) {
   const std::string_view reason = std::string_view(verdict.message()).substr(0, kMaxVerdictReason);
   std::vector<std::byte> out(kIdBytes + 1 + reason.size());
-  put_u64(out.data(), op_id);
+  put_le(out.data(), op_id);
   out[kIdBytes] = static_cast<std::byte>(verdict.code());
   std::memcpy(out.data() + kIdBytes + 1, reason.data(), reason.size());
   return out;
@@ -67,7 +62,7 @@ void AmProtocol::post(SendOp& op, Endpoint& endpoint, Region& region) {
   }
   if (op.confirmed) {  // the receiver names the send in its verdict
     op.header.insert(op.header.begin(), kIdBytes, std::byte{0});
-    put_u64(op.header.data(), op.id);
+    put_le(op.header.data(), op.id);
   }
   void* request = ucp_am_send_nbx(endpoint.ep, op.confirmed ? kConfirmedDataAm : kDataAm, op.header.data(),
                                   op.header.size(), op.source, op.length, &params);
@@ -120,7 +115,7 @@ ucs_status_t AmProtocol::on_verdict_am(void* arg, const void* header, std::size_
   Status verdict = code == 0 ? Status::ok()
                              : Status(static_cast<StatusCode>(code), "the receiver turned the payload away: " + reason);
   const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
-  static_cast<AmProtocol*>(arg)->take_verdict(get_u64(bytes), peer, std::move(verdict));
+  static_cast<AmProtocol*>(arg)->take_verdict(get_le<std::uint64_t>(bytes), peer, std::move(verdict));
   return UCS_OK;
 }
 
@@ -147,7 +142,7 @@ ucs_status_t AmProtocol::on_confirmed_data_am(void* arg, const void* header, std
   Status verdict = internal_error("no verdict");
   const ucs_status_t result = self->receive_data(std::span(bytes + kIdBytes, header_length - kIdBytes), data, length,
                                                  rendezvous, sender, &verdict);
-  self->send_verdict(sender, get_u64(bytes), verdict);
+  self->send_verdict(sender, get_le<std::uint64_t>(bytes), verdict);
   return result;
 }
 
