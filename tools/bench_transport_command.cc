@@ -36,6 +36,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "core/byte_order.h"
 #include "core/logging.h"
 #include "data_link.h"
 #include "ecx/core/config.h"
@@ -81,6 +82,24 @@ constexpr std::array<std::uint64_t, 9> kSweepSizes = {4ULL << 10, 16ULL << 10, 6
 // for ECX and ucx_perftest (self only matters for a process talking to itself).
 DataLink ucx_link(const BenchOptions& options) {
   return uses_ucx(options.transport) ? options.transport : DataLink::tcp;
+}
+
+// A measured send's header carries its send time (monotonic ns, little-endian, after
+// a marker): the receiver on the same host stamps the delivery against it.
+constexpr std::uint64_t kSentMarker = 0x6563782d73656e74ULL;  // "ecx-sent"
+
+std::int64_t monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+void stamp_sent(std::span<std::byte, 64> header) {
+  byte_order::put_le<std::uint64_t>(header.data(), kSentMarker);
+  byte_order::put_le<std::uint64_t>(header.data() + 8, static_cast<std::uint64_t>(monotonic_ns()));
+}
+
+std::optional<std::int64_t> sent_stamp(std::span<const std::byte> header) {
+  if (header.size() < 16 || byte_order::get_le<std::uint64_t>(header.data()) != kSentMarker) return std::nullopt;
+  return static_cast<std::int64_t>(byte_order::get_le<std::uint64_t>(header.data() + 8));
 }
 
 std::uint64_t auto_count(std::uint64_t size) { return std::clamp<std::uint64_t>((2ULL << 30) / size, 20, 100'000); }
@@ -200,6 +219,9 @@ struct Series {
   std::uint64_t size = 0;
   double gbps = 0;
   std::optional<double> p50_us, p99_us;
+  // Send to landed, stamped by the receiver (same host: one monotonic clock). Unlike
+  // the sender's completion, an eager send's is not done before the bytes arrive.
+  std::optional<double> delivery_p50_us, delivery_p99_us;
   std::optional<double> ratio_vs_perftest;
   std::uint64_t count = 0;
 };
@@ -275,12 +297,17 @@ int run_consumer(const BenchOptions& options) {
   std::mutex mutex;
   std::condition_variable landed;
   std::uint64_t outcomes = 0;
-  ucx.on_landing = [&](std::span<const std::byte>, const transport::Landing& landing, const Status&) {
+  std::vector<double> delivery_us;  // of the payloads the producer marked as measured
+  ucx.on_landing = [&](std::span<const std::byte> header, const transport::Landing& landing, const Status& status) {
+    const std::int64_t now_ns = monotonic_ns();
     if (landing.token != kRingToken) {
       (void)allocator.free(pool::Slot{landing.token, (landing.length + alignment - 1) / alignment * alignment});
     }
     std::lock_guard lock(mutex);
     ++outcomes;
+    if (const auto sent = sent_stamp(header); status && sent) {
+      delivery_us.push_back(static_cast<double>(now_ns - *sent) / 1e3);
+    }
     landed.notify_all();
   };
   auto created = transport::create_ucx_transport(ucx);
@@ -310,7 +337,9 @@ int run_consumer(const BenchOptions& options) {
     landed.wait_for(lock, 30s, [&] { return outcomes + transport->stats().landings_rejected >= expected; });
   }
   const auto stats = transport->stats();
-  std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << std::endl;
+  std::lock_guard lock(mutex);
+  std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << " delivery_us "
+            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << std::endl;
   return 0;
 }
 
@@ -398,9 +427,10 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
 
   WindowedOps ops(window, count);
   const auto clock = SteadyClock::shared();
-  const std::byte header[64] = {};
   auto run_batch = [&](std::uint64_t n, bool record) -> Status {
     return ops.run(n, record, [&](std::uint64_t i, WindowedOps::Done done) {
+      std::array<std::byte, 64> header{};
+      if (record) stamp_sent(header);  // the warm-up is not stamped: not measured
       return transport->send(*endpoint, header, *region, (i % slots) * size, size, clock->now() + 60s, std::move(done));
     });
   };
@@ -413,10 +443,14 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   // A payload the consumer could not place would still count as sent here: check.
   consumer.write_line(fmt::format("quit {}", warmup + count));
   const auto landed = consumer.read_line(30s);
-  const std::string expected = fmt::format("landed {} failed 0", warmup + count);
-  if (landed.value_or("") != expected) {
-    return internal_error(fmt::format("consumer reported '{}', expected '{}'", landed.value_or("nothing"), expected));
+  const std::string expected = fmt::format("landed {} failed 0 delivery_us ", warmup + count);
+  if (!landed.value_or("").starts_with(expected)) {
+    return internal_error(fmt::format("consumer reported '{}', expected '{}...'", landed.value_or("nothing"), expected));
   }
+  std::istringstream delivery(landed->substr(expected.size()));
+  double delivery_p50 = 0;
+  double delivery_p99 = 0;
+  delivery >> delivery_p50 >> delivery_p99;
   Series series;
   series.name = "ecx";
   series.transport = data_link_name(ucx_link(options));
@@ -425,6 +459,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   series.gbps = static_cast<double>(size * count) / seconds / 1e9;
   series.p50_us = percentile(ops.latencies_us(), 50);
   series.p99_us = percentile(ops.latencies_us(), 99);
+  series.delivery_p50_us = delivery_p50;
+  series.delivery_p99_us = delivery_p99;
   return series;
 }
 
@@ -628,6 +664,8 @@ nlohmann::json to_json(const Series& s) {
   nlohmann::json j = {{"series", s.name}, {"transport", s.transport}, {"size_bytes", s.size}, {"gbps", s.gbps}};
   if (s.p50_us) j["p50_us"] = *s.p50_us;
   if (s.p99_us) j["p99_us"] = *s.p99_us;
+  if (s.delivery_p50_us) j["delivery_p50_us"] = *s.delivery_p50_us;
+  if (s.delivery_p99_us) j["delivery_p99_us"] = *s.delivery_p99_us;
   if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
   return j;
 }

@@ -119,6 +119,15 @@ std::size_t EventInbox::drain(std::vector<wire::Event>& out) {
 }
 
 std::size_t EventInbox::wait_and_drain(std::vector<wire::Event>& out, Duration max_wait) {
+  const auto deadline = std::chrono::steady_clock::now() + max_wait;
+  for (;;) {
+    if (const std::size_t n = drain(out); n > 0) return n;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || !wait(deadline - now)) return drain(out);
+  }
+}
+
+bool EventInbox::wait(Duration max_wait) {
   State& s = *state_;
   const auto deadline = std::chrono::steady_clock::now() + max_wait;
   s.advance();
@@ -128,23 +137,22 @@ std::size_t EventInbox::wait_and_drain(std::vector<wire::Event>& out, Duration m
     lock.unlock();
     s.advance();
   }
-  if (!s.pull) return 0;
-  if (const std::size_t n = s.receive(out); n > 0) return n;
+  if (!s.pull) return false;
   if (s.remote_shards == 0) {
     // Every shard is in this process: woken by the publish itself.
     if (s.local) s.local->wait_until(deadline);
-    return s.receive(out);
+    return s.local && s.local->ready();
   }
   // Network shards, perhaps local ones too: poll in slices short enough that a local
   // event waits at most one of them.
   const auto slice = std::chrono::milliseconds(s.local ? 1 : 1000);
   for (;;) {
+    if (s.local && s.local->ready()) return true;
     std::vector<zmq_pollitem_t> items = {{s.pull->handle(), 0, ZMQ_POLLIN, 0}};
-    const auto now = std::chrono::steady_clock::now();
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(std::min<Duration>(deadline - now, slice));
-    (void)detail::poll(items, std::max<long>(0, static_cast<long>(left.count())));
-    const std::size_t n = s.receive(out);
-    if (n > 0 || !s.pull || std::chrono::steady_clock::now() >= deadline) return n;
+    const auto left = std::max<Duration>(Duration::zero(), deadline - std::chrono::steady_clock::now());
+    const auto timeout = std::chrono::ceil<std::chrono::milliseconds>(std::min<Duration>(left, slice));
+    if (detail::poll(items, static_cast<long>(timeout.count())) > 0 && (items[0].revents & ZMQ_POLLIN) != 0) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
   }
 }
 

@@ -28,6 +28,11 @@ std::size_t LocalEventQueue::take(std::vector<wire::Event>& out, std::size_t max
   return n;
 }
 
+bool LocalEventQueue::ready() {
+  std::lock_guard lock(mutex_);
+  return !events_.empty() || publisher_left_.load(std::memory_order_acquire);
+}
+
 void LocalEventQueue::wait_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
   (void)arrived_.wait_until(lock, deadline,

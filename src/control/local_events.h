@@ -35,6 +35,8 @@ class LocalEventQueue {
   std::optional<std::string> push(wire::Event event);
   // Moves up to `max` events into `out`; returns how many.
   std::size_t take(std::vector<wire::Event>& out, std::size_t max);
+  // An event is queued or a publisher left (what wait_until waits for).
+  bool ready();
   // Waits until an event is queued, a publisher left, or `deadline` passes.
   void wait_until(std::chrono::steady_clock::time_point deadline);
 

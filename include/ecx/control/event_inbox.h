@@ -61,6 +61,10 @@ class EventInbox {
   // Like drain(), but waits up to `max_wait` for the subscription and the first
   // event. For threads that may block (tools, tests); never the scheduler's step.
   std::size_t wait_and_drain(std::vector<wire::Event>& out, Duration max_wait);
+  // Waits up to `max_wait` until drain() would return something (an event, or a
+  // subscription change it must act on) without taking it; true when it may. Same
+  // thread and rules as wait_and_drain().
+  bool wait(Duration max_wait);
 
   bool subscribed() const noexcept;
   std::size_t shard_count() const noexcept;

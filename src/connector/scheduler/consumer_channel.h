@@ -56,6 +56,8 @@ class ConsumerChannel {
   // Polls finished cancels, applies queued events, then the table's deadlines
   // (cancelling what expired). Skipped unless re-armed or drain_min_interval passed.
   void drain(TimePoint now);
+  // See SchedulerCoordinator::wait_for_events().
+  bool wait_for_events(Duration max_wait) const { return events_ && !closed_ && events_->wait(max_wait); }
   // A step boundary: the next drain() runs whatever the interval.
   void rearm_drain() noexcept { drain_pending_ = true; }
   // Cancels `transfer_id` in the table and, unless its name is invented or no

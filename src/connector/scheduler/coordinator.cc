@@ -53,6 +53,8 @@ SchedulerCoordinator::~SchedulerCoordinator() { close(); }
 
 void SchedulerCoordinator::close() { gate_->close(); }
 
+bool SchedulerCoordinator::wait_for_events(Duration max_wait) const { return gate_->wait_for_events(max_wait); }
+
 bool SchedulerCoordinator::has_pending_push_work() const noexcept {
   if (gate_->closed()) return false;
   return planner_->pushes_in_flight() || gate_->loads_in_flight() || store_->work_in_flight();

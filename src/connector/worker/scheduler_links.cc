@@ -60,6 +60,10 @@ class InboxEventSource final : public scheduler::EventSource {
     }
     return appended;
   }
+  bool wait(Duration max_wait) override {
+    if (next_ < buffer_.size()) return true;
+    return inbox_ && inbox_->wait(max_wait);
+  }
   int shard_count() const override { return inbox_ ? static_cast<int>(inbox_->shard_count()) : 0; }
   void close() override { inbox_.reset(); }
 

@@ -162,6 +162,31 @@ TEST(ControlEvents, AWaitingInboxWakesForAnInProcessEvent) {
   EXPECT_EQ(out[0].transfer_id, "t-wake");
 }
 
+// wait() tells an engine loop that an event came, without taking it: drain() then
+// hands it on. With nothing published it returns false at its deadline.
+TEST(ControlEvents, WaitReportsAnArrivedEventWithoutTakingIt) {
+  for (const bool in_process : {true, false}) {
+    auto handler = std::make_shared<TestHandler>();
+    auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+    auto client = testing::must(ControlClient::create(ClientOptions{}));
+    auto inbox = make_inbox(*client, local(server->port()), "", in_process);
+    std::vector<wire::Event> out;
+    ASSERT_TRUE(wait_subscribed(*inbox, out));
+    EXPECT_FALSE(inbox->wait(1ms)) << "nothing published; in_process=" << in_process;
+    std::thread publisher([&] { EXPECT_TRUE(server->publish(ready_event("t-waited")).is_ok()); });
+    bool arrived = false;
+    // Bounded: 10 s only stops a broken build from hanging.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!arrived && std::chrono::steady_clock::now() < deadline) arrived = inbox->wait(100ms);
+    publisher.join();
+    ASSERT_TRUE(arrived) << "in_process=" << in_process;
+    EXPECT_TRUE(inbox->wait(0ms)) << "the event is still there until drained";
+    ASSERT_EQ(inbox->drain(out), 1u);
+    EXPECT_EQ(out[0].transfer_id, "t-waited");
+    EXPECT_EQ(inbox->counters().received_in_process, in_process ? 1u : 0u);
+  }
+}
+
 TEST(ControlEvents, AShardOfThisProcessThatRestartsIsFoundAgain) {
   auto handler = std::make_shared<TestHandler>();
   auto server = testing::must(ControlServer::start(ServerOptions{}, handler));

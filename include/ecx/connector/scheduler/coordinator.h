@@ -150,6 +150,10 @@ class SchedulerCoordinator {
   // Producer, cross-encoder cache: has_cache_item also answers for items in the
   // shared store (loaded by the workers, see ConnectorMeta::store_loads).
   void set_store_presence(std::shared_ptr<StorePresence> store);
+  // Consumer: blocks up to `max_wait` until a transfer event has arrived (the next
+  // step would take it). For engine loops that would otherwise sleep between steps
+  // while requests wait for their transfers; never call it inside a step.
+  bool wait_for_events(Duration max_wait) const;
   // Drops queued cancels, closes the control collaborator (calls in flight end at
   // once as cancelled), joins the executor, then closes the event source. Bounded by
   // the executor's threads noticing the closed client, not by control deadlines.
