@@ -68,6 +68,17 @@ Status UcxWorker::open(std::size_t required_am_header) {
         "then noticed at its send deadline), or add tcp to UCX_TLS",
         tls));
   }
+  if (options_.mode == UcxMode::put && only_shared_memory(tls)) {
+    // Put mode connects by socket address, which UCX 1.13 never carries over shared
+    // memory: every connection would fail later ("device lo is not enabled") and the
+    // sends stall until their deadlines.
+    ucp_config_release(config);
+    return invalid_argument(fmt::format(
+        "UCX_TLS={} names only shared-memory transports, but ucx_mode put connects by socket address, which UCX "
+        "1.13 never carries over shared memory, so no peer could be reached: set ucx_mode to am (its rendezvous is "
+        "zero-copy over shared memory) or add tcp to UCX_TLS",
+        tls));
+  }
   if (options_.tcp_seg_size_bytes != 0 && may_use_tcp) {
     const std::string value = std::to_string(options_.tcp_seg_size_bytes);
     // UCX 1.13 passes these on to its transports by their names within the tcp

@@ -515,6 +515,23 @@ TEST(DataPlaneFactory, SharedMemoryOnlyWithPeerErrorsIsRefusedAtStartNamingTheKe
   }
 }
 
+// Put mode connects by socket address, which UCX 1.13 never carries over shared
+// memory: with shared-memory transports only it is refused at start, naming the
+// keys, instead of stalling every send until its deadline.
+TEST(DataPlaneFactory, PutModeOverSharedMemoryOnlyIsRefusedAtStartNamingTheKey) {
+  UcxOptions options;
+  options.tls = "sm,self";
+  options.peer_error_handling = false;
+  options.mode = UcxMode::put;
+  auto refused = create_ucx_transport(options);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(refused.status().message().find("set ucx_mode to am"), std::string::npos) << refused.status().to_string();
+  options.tls = "sm,tcp,self";
+  auto created = create_ucx_transport(options);
+  EXPECT_TRUE(created) << created.status().to_string();
+}
+
 TEST(DataPlaneFactory, UnknownBackendOrMooncakeProtocolIsRefusedByName) {
   Config config;
   config.transport = "carrier-pigeon";
