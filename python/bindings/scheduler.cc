@@ -94,6 +94,9 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
   d["cancels_dropped"] = s.cancels_dropped;
   d["cancels_local_only"] = s.cancels_local_only;
   d["cancels_abandoned"] = s.cancels_abandoned;
+  d["readiness_rechecks"] = s.readiness_rechecks;
+  d["rechecks_failed"] = s.rechecks_failed;
+  d["readiness_recovered"] = s.readiness_recovered;
   d["alloc_loads"] = s.alloc_loads;
   d["alloc_load_misses"] = s.alloc_load_misses;
   d["local_fallbacks"] = s.local_fallbacks;

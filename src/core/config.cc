@@ -282,6 +282,11 @@ const std::vector<KeySpec>& key_table() {
           "How long a consumer request waits for its pushes (also the LOADING deadline) and how long a producer keeps "
           "retrying a push.",
           set_seconds(&Config::push_wait_timeout_s));
+    extra("readiness_recheck_s", "seconds", "5",
+          "A consumer transfer still waiting for its readiness event this long is asked about on every shard, and "
+          "again every interval while it waits: a shard that holds it ready counts as its event (one lost on the "
+          "way, e.g. to a full event backlog, would otherwise fail the request at push_wait_timeout_s).",
+          set_seconds(&Config::readiness_recheck_s));
     extra("reservation_ttl_s", "seconds", "300",
           "Lease of an unfinished reservation and of an AVAILABLE record; also the tombstone TTL. Scheduler and "
           "workers must agree.",

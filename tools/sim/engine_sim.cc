@@ -653,6 +653,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   }
   const auto stats = s.scheduler->stats();
   s.result.store_loads = stats.store_loads;
+  s.result.readiness_recovered = stats.readiness_recovered;
   s.result.store_prefetch_failures = stats.store_prefetch_failures + stats.store_prefetch_timeouts;
   s.result.store_prefetch_timeouts = stats.store_prefetch_timeouts;
   for (const auto& w : s.workers) {
@@ -660,6 +661,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       const auto all = shard->counters();
       const auto& c = all.reservations;
       s.result.reserves_held += all.control.reserves_held;
+      s.result.events_dropped += all.control.events_dropped;
       s.result.held_reserves_placed += all.control.held_reserves_placed;
       s.result.held_reserves_expired += all.control.held_reserves_expired;
       s.result.checksum_mismatches += c.checksum_mismatches;

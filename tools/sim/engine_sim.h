@@ -62,6 +62,10 @@ struct ConsumerResult {
   std::uint64_t held_reserves_placed = 0;
   std::uint64_t held_reserves_expired = 0;
   std::uint64_t resident_bytes = 0;
+  // Readiness events the shards dropped (a full backlog), and shard readiness the
+  // scheduler learnt by asking instead (readiness_recheck_s).
+  std::uint64_t events_dropped = 0;
+  std::uint64_t readiness_recovered = 0;
   std::vector<double> time_to_ready_ms;  // one per ready request
   std::vector<double> ready_at_s;        // when each of those became ready, seconds into run()
   std::vector<std::string> failed_requests;

@@ -40,6 +40,7 @@ struct Config {
   // --- ec_connector_extra_config
   double control_timeout_s = 30.0;
   double push_wait_timeout_s = 60.0;
+  double readiness_recheck_s = 5.0;
   double reservation_ttl_s = 300.0;
   double shutdown_drain_timeout_s = 1.5;
   std::uint64_t tombstone_max = 65'536;

@@ -42,6 +42,17 @@ struct ConsumerChannel::CancelTicket {
   std::atomic<bool> done{false};
 };
 
+// What the shards answered about one long-waiting transfer, written by an executor
+// thread and read by the scheduler thread once `done` is set.
+struct ConsumerChannel::RecheckTicket {
+  explicit RecheckTicket(std::string id) : transfer_id(std::move(id)) {}
+  const std::string transfer_id;
+  std::vector<TransferEvent> ready;  // one per shard that holds it ready
+  std::size_t shards = 0;            // how many the discovery found
+  Status status;                     // the first failure to ask
+  std::atomic<bool> done{false};
+};
+
 ConsumerChannel::ConsumerChannel(const CoordinatorOptions& options, TransferTable& table,
                                  std::shared_ptr<EventSource> events, std::shared_ptr<ConsumerControl> control)
     : options_(options),
@@ -76,6 +87,7 @@ void ConsumerChannel::close() {
   });
   stats_.cancels_dropped += dropped;
   stats_.cancels_abandoned += abandoned;
+  pending_rechecks_.clear();  // answers nobody takes now; their tasks were dropped or ended
   if (dropped > 0 || abandoned > 0) {
     logger()->warn(
         "EC scheduler closing: {} queued reservation cancels were not sent and {} of {} in flight were abandoned; "
@@ -93,6 +105,10 @@ void ConsumerChannel::drain(TimePoint now) {
   drained_at_ = now;
   ++stats_.drains;
   poll_pending_cancels();
+  // Recheck answers are taken before the events and applied after them: an event a
+  // shard published before it answered is then counted as the event it is, not as
+  // readiness recovered by asking.
+  auto answered = take_answered_rechecks();
   // Events before deadlines: a readiness that reached the inbox while this engine was
   // busy must not lose to a push-wait deadline that passed in the meantime.
   if (events_ && !closed_) {
@@ -100,6 +116,8 @@ void ConsumerChannel::drain(TimePoint now) {
     events_->drain(event_buffer_, options_.max_events_per_drain);
     for (const auto& event : event_buffer_) accept_event(event, now);
   }
+  apply_rechecks(answered, now);
+  start_rechecks(now);
   cancel_buffer_.clear();
   table_.expire(now, cancel_buffer_);
   for (const auto& id : cancel_buffer_) queue_cancel(id, now);
@@ -107,6 +125,10 @@ void ConsumerChannel::drain(TimePoint now) {
 
 void ConsumerChannel::accept_event(const TransferEvent& event, TimePoint now) {
   ++stats_.events_received;
+  apply_event(event, now);
+}
+
+void ConsumerChannel::apply_event(const TransferEvent& event, TimePoint now) {
   Status valid = validate_transfer_id(event.transfer_id);
   if (valid) valid = validate_mm_hash(event.mm_hash);
   if (valid && event.kind == TransferEvent::Kind::ready && !event.spec)
@@ -198,6 +220,113 @@ void ConsumerChannel::forget_shard_readiness(std::string_view transfer_id) {
   if (it == pending_shards_index_.end()) return;
   pending_shards_.erase(it->second);
   pending_shards_index_.erase(it);
+}
+
+// ---------------------------------------------------------------- readiness recheck
+
+void ConsumerChannel::start_rechecks(TimePoint now) {
+  if (!control_ || options_.control_address.empty() || closed_ || options_.readiness_recheck <= Duration::zero() ||
+      now < next_recheck_scan_) {
+    return;
+  }
+  next_recheck_scan_ = now + options_.readiness_recheck / 4;
+  std::erase_if(rechecked_at_, [this](const auto& entry) {
+    const TransferRecord* r = table_.find(entry.first);
+    return r == nullptr || r->state() != TransferState::waiting_event;
+  });
+  // Oldest waits first (the waiting list is in deadline order, and every wait gets
+  // the same timeout); the walk stops at the first that has not waited long enough.
+  constexpr std::size_t kMaxVisits = 1024;  // per scan: a backlog is worked through over several
+  std::size_t visits = 0;
+  table_.for_each_waiting([&](const TransferRecord& r) {
+    if (pending_rechecks_.size() >= options_.max_rechecks_in_flight || ++visits > kMaxVisits) return false;
+    if (!r.deadline() || *r.deadline() - options_.push_wait_timeout > now - options_.readiness_recheck) return false;
+    if (r.invented_name()) return true;  // no shard knows the name
+    auto [at, fresh] = rechecked_at_.try_emplace(r.transfer_id(), now);
+    if (!fresh) {
+      if (now - at->second < options_.readiness_recheck) return true;
+      at->second = now;
+    }
+    queue_recheck(r.transfer_id());
+    return true;
+  });
+}
+
+void ConsumerChannel::queue_recheck(const std::string& transfer_id) {
+  auto ticket = std::make_shared<RecheckTicket>(transfer_id);
+  auto task = [control = control_, base = options_.control_address, ticket] {
+    auto shards = call_safely([&] { return control->discover_shards(base); });
+    if (!shards || shards->empty()) {
+      ticket->status = unavailable(fmt::format("could not discover the EC consumer shards at {}: {}", base,
+                                               shards ? std::string("no shards reported") : shards.status().message()));
+      ticket->done.store(true, std::memory_order_release);
+      return;
+    }
+    ticket->shards = shards->size();
+    for (std::size_t i = 0; i < shards->size(); ++i) {
+      auto held = call_safely([&] { return control->transfer_status((*shards)[i], ticket->transfer_id); });
+      if (!held) {
+        if (ticket->status) ticket->status = held.status();
+        continue;
+      }
+      if (!held->found || held->state != "ready" || !held->spec) continue;
+      TransferEvent event;
+      event.kind = TransferEvent::Kind::ready;
+      event.transfer_id = ticket->transfer_id;
+      event.mm_hash = held->mm_hash;
+      event.shard = static_cast<int>(i);  // discovery lists the shards by TP rank, the events' tag
+      event.spec = held->spec;
+      event.reservation_id = held->reservation_id;
+      ticket->ready.push_back(std::move(event));
+    }
+    ticket->done.store(true, std::memory_order_release);
+  };
+  // A full executor is no loss: the transfer is asked about at a later scan.
+  if (!executor_->try_submit(std::move(task))) return;
+  ++stats_.readiness_rechecks;
+  pending_rechecks_.push_back(std::move(ticket));
+}
+
+std::vector<std::shared_ptr<ConsumerChannel::RecheckTicket>> ConsumerChannel::take_answered_rechecks() {
+  std::vector<std::shared_ptr<RecheckTicket>> answered;
+  std::erase_if(pending_rechecks_, [&](std::shared_ptr<RecheckTicket>& t) {
+    if (!t->done.load(std::memory_order_acquire)) return false;
+    answered.push_back(std::move(t));
+    return true;
+  });
+  return answered;
+}
+
+void ConsumerChannel::apply_rechecks(const std::vector<std::shared_ptr<RecheckTicket>>& answered, TimePoint now) {
+  for (const auto& t : answered) {
+    if (!t->status) {
+      ++stats_.rechecks_failed;
+      logger()->debug("EC readiness recheck of transfer_id={} incomplete: {}", shorten(t->transfer_id),
+                      t->status.message());
+    }
+    // Readiness counts per shard: applied only against the topology the events come from.
+    const int subscribed = events_ ? events_->shard_count() : 0;
+    if (!t->ready.empty() && (subscribed <= 0 || t->shards != static_cast<std::size_t>(subscribed))) continue;
+    for (const auto& event : t->ready) {
+      const TransferRecord* r = table_.find(event.transfer_id);
+      if (r == nullptr || r->state() != TransferState::waiting_event) break;  // its event came meanwhile
+      auto partial = pending_shards_index_.find(event.transfer_id);
+      const bool known = partial != pending_shards_index_.end() &&
+                         std::find(partial->second->shards.begin(), partial->second->shards.end(), event.shard) !=
+                             partial->second->shards.end();
+      if (known) continue;
+      const std::uint64_t recovered = ++stats_.readiness_recovered;
+      // The first few, then every 1000th: under overload they come in bursts.
+      if (recovered <= 5 || recovered % 1000 == 0) {
+        logger()->warn(
+            "EC transfer_id={} (mm_hash={}) was ready on consumer shard {} but its readiness event had not come after "
+            "{:.1f}s (lost to a full event backlog, or queued behind one); learnt by asking the shard ({} so far)",
+            shorten(event.transfer_id), shorten(event.mm_hash), event.shard,
+            duration_to_seconds(options_.readiness_recheck), recovered);
+      }
+      apply_event(event, now);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- remote cancels

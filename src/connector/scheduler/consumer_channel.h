@@ -43,6 +43,9 @@ class ConsumerChannel {
     std::uint64_t cancels_dropped = 0;
     std::uint64_t cancels_local_only = 0;
     std::uint64_t cancels_abandoned = 0;
+    std::uint64_t readiness_rechecks = 0;
+    std::uint64_t rechecks_failed = 0;
+    std::uint64_t readiness_recovered = 0;
   };
 
   // `options` and `table` must outlive the channel. `events` and `control` may be
@@ -71,10 +74,12 @@ class ConsumerChannel {
 
   bool closed() const noexcept { return closed_; }
   std::size_t pending_cancels() const noexcept { return pending_cancels_.size(); }
+  std::size_t pending_rechecks() const noexcept { return pending_rechecks_.size(); }
   const Stats& stats() const noexcept { return stats_; }
 
  private:
   struct CancelTicket;
+  struct RecheckTicket;
   struct PendingShards {
     std::string transfer_id;
     std::vector<int> shards;
@@ -82,6 +87,13 @@ class ConsumerChannel {
   };
 
   void accept_event(const TransferEvent& event, TimePoint now);
+  void apply_event(const TransferEvent& event, TimePoint now);
+  // Readiness recheck (CoordinatorOptions::readiness_recheck): asks the shards about
+  // transfers that waited too long, and applies what they answered.
+  void start_rechecks(TimePoint now);
+  void queue_recheck(const std::string& transfer_id);
+  std::vector<std::shared_ptr<RecheckTicket>> take_answered_rechecks();
+  void apply_rechecks(const std::vector<std::shared_ptr<RecheckTicket>>& answered, TimePoint now);
   // Whether every shard has now reported `event`'s transfer ready.
   bool note_shard_ready(const TransferEvent& event, TimePoint now);
   void forget_shard_readiness(std::string_view transfer_id);
@@ -104,6 +116,12 @@ class ConsumerChannel {
   detail::StringMap<std::list<PendingShards>::iterator> pending_shards_index_;
 
   std::vector<std::shared_ptr<CancelTicket>> pending_cancels_;
+
+  std::vector<std::shared_ptr<RecheckTicket>> pending_rechecks_;
+  // When each long-waiting transfer was last asked about; entries go once it stops
+  // waiting, so this holds at most the waiting records.
+  detail::StringMap<TimePoint> rechecked_at_;
+  TimePoint next_recheck_scan_{};
 };
 
 }  // namespace ecx::scheduler

@@ -17,6 +17,7 @@ CoordinatorOptions CoordinatorOptions::from_config(const Config& config, DType m
   o.is_consumer = config.is_consumer();
   o.control_address = config.control_address(0);
   o.push_wait_timeout = config.push_wait_timeout();
+  o.readiness_recheck = seconds_to_duration(config.readiness_recheck_s);
   o.table.reservation_ttl = config.reservation_ttl();
   o.table.tombstone_max = config.tombstone_max;
   o.table.resident_capacity_bytes = config.effective_resident_capacity();
@@ -159,6 +160,9 @@ CoordinatorStats SchedulerCoordinator::stats() const noexcept {
   s.cancels_failed = channel.cancels_failed;
   s.cancels_dropped = channel.cancels_dropped;
   s.cancels_local_only = channel.cancels_local_only;
+  s.readiness_rechecks = channel.readiness_rechecks;
+  s.rechecks_failed = channel.rechecks_failed;
+  s.readiness_recovered = channel.readiness_recovered;
   s.cancels_abandoned = channel.cancels_abandoned;
   s.alloc_loads = gate.alloc_loads;
   s.alloc_load_misses = gate.alloc_load_misses;

@@ -388,6 +388,96 @@ TEST(CoordinatorConsumer, HappyPathFromReadinessToResident) {
   EXPECT_TRUE(h.coordinator.take_unavailable_requests().empty());
 }
 
+// Steps until `transfer_id` stops waiting for its readiness or the bound runs out
+// (the recheck's answer is taken on the scheduler thread at a step).
+// An engine step: the scheduler's hooks drain (has_cache_item here), then the step ends.
+void engine_step(Harness& h) {
+  (void)h.coordinator.has_cache_item("unrelated");
+  h.step();
+}
+
+bool step_until_not_waiting(Harness& h, const std::string& transfer_id) {
+  for (int i = 0; i < 100000; ++i) {
+    if (state_of(h.coordinator, transfer_id) != S::waiting_event) return true;
+    engine_step(h);
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+ConsumerControl::ShardTransfer held_ready(const std::string& mm_hash) {
+  return ConsumerControl::ShardTransfer{true, "ready", mm_hash, testing::spec_of(4), ReservationId(1, 2)};
+}
+
+// A shard's readiness event can be lost on the way (a full event backlog drops the
+// oldest, nothing resends it). A transfer that waited readiness_recheck is asked
+// about on the shards; one held ready there counts as its event.
+TEST(CoordinatorConsumer, AReadinessEventLostOnTheWayIsLearntByAskingTheShard) {
+  Harness h;
+  const std::string shard = "tcp://127.0.0.1:14579";
+  auto r = request("r1", {"h0"}, {"t0"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  h.control->locked([&] { return h.control->held[{shard, "t0"}] = held_ready("h0"); });
+  h.advance(4s);
+  engine_step(h);
+  EXPECT_EQ(h.control->locked([&] { return h.control->status_calls.size(); }), 0u) << "not waited long enough yet";
+  h.advance(2s);
+  engine_step(h);
+  ASSERT_TRUE(h.control->wait_status_calls(1));
+  ASSERT_TRUE(step_until_not_waiting(h, "t0"));
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::available);
+  const auto stats = h.coordinator.stats();
+  EXPECT_EQ(stats.readiness_rechecks, 1u);
+  EXPECT_EQ(stats.readiness_recovered, 1u);
+  EXPECT_EQ(stats.events_received, 0u) << "no event came";
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));  // the gate starts its load
+  auto meta = h.step();
+  ASSERT_EQ(meta.loads.size(), 1u);
+  EXPECT_EQ(meta.loads[0].transfer_id, "t0");
+}
+
+// A transfer no shard holds ready (its producer is slow) keeps waiting: asked again
+// every interval, and failed at push_wait_timeout as before.
+TEST(CoordinatorConsumer, ATransferNoShardHoldsReadyIsAskedAgainEachIntervalAndStillExpires) {
+  Harness h;
+  auto r = request("r1", {"h0"}, {"t0"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  for (int round = 1; round <= 3; ++round) {
+    h.advance(5s);
+    engine_step(h);
+    ASSERT_TRUE(h.control->wait_status_calls(static_cast<std::size_t>(round)));
+    for (int i = 0; i < 1000; ++i) engine_step(h);  // takes the answer when it is done; nothing to apply
+    EXPECT_EQ(state_of(h.coordinator, "t0"), S::waiting_event);
+  }
+  engine_step(h);  // within the same interval: not asked again
+  EXPECT_EQ(h.control->locked([&] { return h.control->status_calls.size(); }), 3u);
+  EXPECT_EQ(h.coordinator.stats().readiness_recovered, 0u);
+  h.advance(50s);
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{"r1"});
+}
+
+// At TP 2 the event of one shard came and the other's was lost: asking recovers only
+// the missing shard's readiness, and the transfer becomes loadable.
+TEST(CoordinatorConsumer, OnlyTheShardWhoseReadinessEventWasLostIsRecovered) {
+  Harness h(testing::consumer_options(), 2, {"tcp://127.0.0.1:14579", "tcp://127.0.0.1:14580"});
+  auto r = request("r1", {"h0"}, {"t0"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  h.events->ready("t0", "h0", 4, /*shard=*/0);
+  engine_step(h);
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::waiting_event);
+  h.control->locked([&] {
+    h.control->held[{"tcp://127.0.0.1:14579", "t0"}] = held_ready("h0");
+    return h.control->held[{"tcp://127.0.0.1:14580", "t0"}] = held_ready("h0");
+  });
+  h.advance(6s);
+  engine_step(h);
+  ASSERT_TRUE(h.control->wait_status_calls(2));
+  ASSERT_TRUE(step_until_not_waiting(h, "t0"));
+  EXPECT_EQ(state_of(h.coordinator, "t0"), S::available);
+  EXPECT_EQ(h.coordinator.stats().readiness_recovered, 1u) << "shard 0's event came; only shard 1's was lost";
+}
+
 // vLLM's encoder cache may evict an entry and allocate it again in one scheduling
 // step; the engine drops evicted entries first, so the workers must put ECX's copy
 // back.

@@ -110,10 +110,25 @@ class FakeConsumerControl final : public ConsumerControl {
     changed_.notify_all();
     return out;
   }
+  // Answers from `held` (the shard's reservation of the transfer), else not found.
+  Result<ShardTransfer> transfer_status(const std::string& shard_address, const std::string& transfer_id) override {
+    std::unique_lock lock(mutex_);
+    record_thread();
+    status_calls.emplace_back(shard_address, transfer_id);
+    Result<ShardTransfer> out = ShardTransfer{};
+    if (auto it = held.find({shard_address, transfer_id}); it != held.end()) out = it->second;
+    changed_.notify_all();
+    return out;
+  }
   void close() override {
     std::lock_guard lock(mutex_);
     closed = true;
     changed_.notify_all();
+  }
+  // Waits (bounded) until `n` status RPCs were answered; false on the deadline.
+  bool wait_status_calls(std::size_t n, std::chrono::seconds limit = std::chrono::seconds(10)) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, limit, [&] { return status_calls.size() >= n; });
   }
   bool wait_started_cancels(std::size_t n, std::chrono::seconds limit = std::chrono::seconds(10)) {
     std::unique_lock lock(mutex_);
@@ -148,6 +163,8 @@ class FakeConsumerControl final : public ConsumerControl {
   std::size_t finished_cancel_calls = 0;
   std::size_t started_cancel_calls = 0;
   std::map<std::string, int> cancel_failures;
+  std::vector<std::pair<std::string, std::string>> status_calls;
+  std::map<std::pair<std::string, std::string>, ShardTransfer> held;  // (shard address, transfer id)
   std::set<std::thread::id> threads;
   bool gated = false;
   bool closed = false;

@@ -66,6 +66,20 @@ class ConsumerControl {
   // Asks one shard to cancel its reservation for `transfer_id`; true when the
   // shard cancelled something, false when it had nothing to cancel.
   virtual Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) = 0;
+  // What one shard holds for `transfer_id` (the diagnostic `status` request): the
+  // readiness recheck asks this of every shard for a transfer whose readiness event
+  // has not come. A collaborator that cannot ask answers unavailable.
+  struct ShardTransfer {
+    bool found = false;
+    std::string state;  // the shard's reservation state, e.g. "writing", "ready"
+    std::string mm_hash;
+    std::optional<TensorSpec> spec;
+    ReservationId reservation_id;
+  };
+  virtual Result<ShardTransfer> transfer_status(const std::string& /*shard_address*/,
+                                                const std::string& /*transfer_id*/) {
+    return unavailable("this control collaborator cannot ask shards about transfers");
+  }
   // Idempotent; called after every executor thread has stopped.
   virtual void close() = 0;
 };

@@ -57,6 +57,14 @@ struct CoordinatorOptions {
   std::size_t max_notified_remembered = 65'536;  // requests remembered as already failed
   Duration drain_min_interval = std::chrono::milliseconds(5);
   int cancel_attempts = 2;  // topology confirmations, and cancel rounds
+  // A transfer still waiting for its readiness event this long is asked about on
+  // every shard (off the scheduler thread): a shard that holds it ready counts as its
+  // event. Recovers readiness events lost on the way (a full event backlog drops the
+  // oldest; nothing resends it), which would otherwise fail the request at
+  // push_wait_timeout. Asked again every interval while it waits; at most
+  // max_rechecks_in_flight at once.
+  Duration readiness_recheck = std::chrono::seconds(5);
+  std::size_t max_rechecks_in_flight = 32;
   // Asynchronous loads: the load gate (ensure_cache_available) starts a load as soon
   // as an item landed and defers the request until the workers report it in their
   // encoder caches. That needs an engine whose workers run the connector on steps
@@ -97,6 +105,11 @@ struct CoordinatorStats {
   std::uint64_t cancels_dropped = 0;     // executor full or closed
   std::uint64_t cancels_local_only = 0;  // names no consumer knows, or no control client
   std::uint64_t cancels_abandoned = 0;   // still in flight at close; their leases expire them
+  std::uint64_t readiness_rechecks = 0;  // waiting transfers asked about on every shard
+  std::uint64_t rechecks_failed = 0;     // a shard or the topology could not be asked
+  // A shard's readiness learnt by asking before its event was drained: the event was
+  // lost (a full backlog drops the oldest) or still queued behind others.
+  std::uint64_t readiness_recovered = 0;
   std::uint64_t alloc_loads = 0;         // loads dispatched by update_state_after_alloc
   std::uint64_t alloc_load_misses = 0;   // allocated as external, but nothing left to load
   // Items whose push can no longer arrive, on an engine that never fails requests

@@ -245,6 +245,14 @@ class TransferTable {
   // Walks every record and index and reports the first disagreement. O(n): for
   // tests and debugging only.
   Status check_invariants() const;
+  // Visits the waiting_event records in deadline order, earliest first, until
+  // `visit` returns false. Costs the records visited.
+  template <typename F>
+  void for_each_waiting(F&& visit) const {
+    for (const TransferRecord* r = waiting_.head; r != nullptr; r = r->order_hook_.next) {
+      if (!visit(*r)) return;
+    }
+  }
   // Visits every record (any order). O(n): for tests and diagnostics only.
   template <typename F>
   void for_each_record(F&& visit) const {
