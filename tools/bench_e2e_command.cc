@@ -551,7 +551,8 @@ int run_all(const E2eOptions& o) {
   }
   std::cout
       << "ecx_e2e p50/p99: time to ready (the consumer receives the request -> the engine finds its item "
-         "loaded); transport_raw p50/p99: send to landed at the receiver of one message (ECX's UCX data plane alone, its "
+         "loaded); transport_raw p50/p99: send to landed at the receiver of one message (ECX's UCX data plane alone, "
+         "its "
          "messages spread over a ring as large as the pool, as ECX's landings are); +p50/+p99: the difference; GB/s "
          "ratio: ecx_e2e divided by transport_raw; sim us: the simulator's own CPU time per item, consumer engine "
          "threads (encoder-cache allocation, content check after the ready stamp) + producer (generating the "

@@ -445,7 +445,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   const auto landed = consumer.read_line(30s);
   const std::string expected = fmt::format("landed {} failed 0 delivery_us ", warmup + count);
   if (!landed.value_or("").starts_with(expected)) {
-    return internal_error(fmt::format("consumer reported '{}', expected '{}...'", landed.value_or("nothing"), expected));
+    return internal_error(
+        fmt::format("consumer reported '{}', expected '{}...'", landed.value_or("nothing"), expected));
   }
   std::istringstream delivery(landed->substr(expected.size()));
   double delivery_p50 = 0;

@@ -151,7 +151,8 @@ bool EventInbox::wait(Duration max_wait) {
     std::vector<zmq_pollitem_t> items = {{s.pull->handle(), 0, ZMQ_POLLIN, 0}};
     const auto left = std::max<Duration>(Duration::zero(), deadline - std::chrono::steady_clock::now());
     const auto timeout = std::chrono::ceil<std::chrono::milliseconds>(std::min<Duration>(left, slice));
-    if (detail::poll(items, static_cast<long>(timeout.count())) > 0 && (items[0].revents & ZMQ_POLLIN) != 0) return true;
+    if (detail::poll(items, static_cast<long>(timeout.count())) > 0 && (items[0].revents & ZMQ_POLLIN) != 0)
+      return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;
   }
 }

@@ -110,8 +110,8 @@ struct CoordinatorStats {
   // A shard's readiness learnt by asking before its event was drained: the event was
   // lost (a full backlog drops the oldest) or still queued behind others.
   std::uint64_t readiness_recovered = 0;
-  std::uint64_t alloc_loads = 0;         // loads dispatched by update_state_after_alloc
-  std::uint64_t alloc_load_misses = 0;   // allocated as external, but nothing left to load
+  std::uint64_t alloc_loads = 0;        // loads dispatched by update_state_after_alloc
+  std::uint64_t alloc_load_misses = 0;  // allocated as external, but nothing left to load
   // Items whose push can no longer arrive, on an engine that never fails requests
   // through take_unavailable_requests: released to be encoded locally, or (no media)
   // held and reported.
