@@ -26,6 +26,18 @@ auto call_safely(F&& f) -> decltype(f()) {
   }
 }
 
+// The shards of the consumer whose first shard is `base`, confirmed by a discovery
+// (`attempts` tries): never a guess such as the base address alone.
+Result<std::vector<std::string>> confirmed_shards(ConsumerControl& control, const std::string& base, int attempts) {
+  Result<std::vector<std::string>> shards = unavailable("not attempted");
+  for (int a = 0; a < attempts; ++a) {
+    shards = call_safely([&] { return control.discover_shards(base); });
+    if (shards && !shards->empty()) return shards;
+  }
+  return unavailable(fmt::format("could not discover every EC consumer shard at {}: {}", base,
+                                 shards ? std::string("no shards reported") : shards.status().message()));
+}
+
 using detail::shorten;
 std::shared_ptr<spdlog::logger> logger() { return detail::coordinator_logger(); }
 
@@ -255,10 +267,9 @@ void ConsumerChannel::start_rechecks(TimePoint now) {
 void ConsumerChannel::queue_recheck(const std::string& transfer_id) {
   auto ticket = std::make_shared<RecheckTicket>(transfer_id);
   auto task = [control = control_, base = options_.control_address, ticket] {
-    auto shards = call_safely([&] { return control->discover_shards(base); });
-    if (!shards || shards->empty()) {
-      ticket->status = unavailable(fmt::format("could not discover the EC consumer shards at {}: {}", base,
-                                               shards ? std::string("no shards reported") : shards.status().message()));
+    auto shards = confirmed_shards(*control, base, 1);
+    if (!shards) {
+      ticket->status = shards.status();
       ticket->done.store(true, std::memory_order_release);
       return;
     }
@@ -344,14 +355,9 @@ void ConsumerChannel::queue_cancel(std::string_view transfer_id, TimePoint now, 
   auto task = [control = control_, base = options_.control_address, attempts = options_.cancel_attempts, ticket] {
     // Confirm the topology first: a cancel sent to the base address alone would
     // leave every other shard's reservation pinned.
-    Result<std::vector<std::string>> shards = unavailable("not attempted");
-    for (int a = 0; a < attempts; ++a) {
-      shards = call_safely([&] { return control->discover_shards(base); });
-      if (shards && !shards->empty()) break;
-    }
-    if (!shards || shards->empty()) {
-      ticket->status = unavailable(fmt::format("could not discover every EC consumer shard at {}: {}", base,
-                                               shards ? std::string("no shards reported") : shards.status().message()));
+    auto shards = confirmed_shards(*control, base, attempts);
+    if (!shards) {
+      ticket->status = shards.status();
       ticket->done.store(true, std::memory_order_release);
       return;
     }
