@@ -74,7 +74,6 @@ class ConsumerChannel {
 
   bool closed() const noexcept { return closed_; }
   std::size_t pending_cancels() const noexcept { return pending_cancels_.size(); }
-  std::size_t pending_rechecks() const noexcept { return pending_rechecks_.size(); }
   const Stats& stats() const noexcept { return stats_; }
 
  private:

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -89,6 +90,46 @@ std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& con
           w.ucx_mode};
 }
 
+// One consumer (this process, `tp` ranks) fed by one producer process over the whole
+// workload. The stage counters are read before the run, so a test can tell what it
+// recorded.
+struct ProducerRun {
+  ConsumerResult result;
+  std::optional<int> producer_exit;
+  decltype(stages::snapshot()) stages_before{};
+};
+
+void run_with_producer(const Workload& w, int tp, const json& extra, ProducerRun& run) {
+  const int port = free_port_block(tp);
+  ASSERT_NE(port, 0);
+  ConsumerSimOptions options;
+  options.config = consumer_config(tp, port, w.pool, extra);
+  options.deadline = std::chrono::seconds(180);
+  auto consumer = ConsumerSim::start(std::move(options));
+  ASSERT_TRUE(consumer) << consumer.status().to_string();
+  auto producer = ChildProcess::spawn(producer_argv(w, **consumer, port));
+  ASSERT_TRUE(producer) << producer.status().to_string();
+  run.stages_before = stages::snapshot();
+  run.result = (*consumer)->run();
+  run.producer_exit = producer->wait(std::chrono::seconds(60));
+}
+
+// Every request of `w` ready, byte for byte, and nothing left held.
+void expect_every_request_delivered(const Workload& w, const ProducerRun& run) {
+  const auto& result = run.result;
+  EXPECT_TRUE(result.producer_done) << "the producer never said it was done";
+  EXPECT_EQ(run.producer_exit.value_or(-1), 0);
+  EXPECT_EQ(result.progress.requests_admitted, static_cast<std::uint64_t>(w.requests));
+  EXPECT_EQ(result.progress.requests_ready, static_cast<std::uint64_t>(w.requests));
+  EXPECT_EQ(result.progress.requests_failed, 0U)
+      << "first failed: " << (result.failed_requests.empty() ? "" : result.failed_requests[0]);
+  EXPECT_EQ(result.content_mismatches, 0U);
+  EXPECT_EQ(result.checksum_mismatches, 0U);
+  EXPECT_EQ(result.live_reservations, 0U);
+  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  EXPECT_EQ(result.invariant_error, "");
+}
+
 // (TP size, UCX mode)
 class EndToEnd : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
@@ -96,32 +137,12 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   const auto& [tp, ucx_mode] = GetParam();
   Workload w;
   w.ucx_mode = ucx_mode;
-  const int port = free_port_block(tp);
-  ASSERT_NE(port, 0);
-  ConsumerSimOptions options;
-  options.config = consumer_config(tp, port, w.pool, json{{"ucx_mode", ucx_mode}});
-  options.deadline = std::chrono::seconds(180);
-  auto consumer = ConsumerSim::start(std::move(options));
-  ASSERT_TRUE(consumer) << consumer.status().to_string();
-  auto producer = ChildProcess::spawn(producer_argv(w, **consumer, port));
-  ASSERT_TRUE(producer) << producer.status().to_string();
-
-  const auto stages_before = stages::snapshot();
-  const auto result = (*consumer)->run();
-  const auto exit_code = producer->wait(std::chrono::seconds(60));
-
-  ASSERT_TRUE(result.producer_done) << "the producer never said it was done";
-  EXPECT_EQ(exit_code.value_or(-1), 0);
-  EXPECT_EQ(result.progress.requests_admitted, static_cast<std::uint64_t>(w.requests));
-  EXPECT_EQ(result.progress.requests_ready, static_cast<std::uint64_t>(w.requests));
-  EXPECT_EQ(result.progress.requests_failed, 0U)
-      << "first failed: " << (result.failed_requests.empty() ? "" : result.failed_requests[0]);
-  EXPECT_GE(result.items_ready, 400U);  // 200 requests of 1..4 images
-  EXPECT_EQ(result.content_mismatches, 0U);
-  EXPECT_EQ(result.checksum_mismatches, 0U);
-  EXPECT_EQ(result.live_reservations, 0U);
-  EXPECT_EQ(result.leaked_pool_bytes, 0U);
-  EXPECT_EQ(result.invariant_error, "");
+  ProducerRun run;
+  run_with_producer(w, tp, json{{"ucx_mode", ucx_mode}}, run);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(run.result.producer_done) << "the producer never said it was done";
+  expect_every_request_delivered(w, run);
+  EXPECT_GE(run.result.items_ready, 400U);  // 200 requests of 1..4 images
   // This process is the consumer instance: it recorded each of its stages, at most
   // once per item and rank (repeats served from the resident cache or already in the
   // engine's cache skip landing and copying).
@@ -129,9 +150,9 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   for (auto stage : {stages::Stage::landing, stages::Stage::event_delivery, stages::Stage::load_dispatch,
                      stages::Stage::load_copy}) {
     const auto i = static_cast<std::size_t>(stage);
-    const auto observed = stages_after[i].since(stages_before[i]).count;
+    const auto observed = stages_after[i].since(run.stages_before[i]).count;
     EXPECT_GT(observed, 0U) << stages::stage_name(stage) << " was never recorded";
-    EXPECT_LE(observed, result.items_ready * static_cast<std::uint64_t>(tp)) << stages::stage_name(stage);
+    EXPECT_LE(observed, run.result.items_ready * static_cast<std::uint64_t>(tp)) << stages::stage_name(stage);
   }
 }
 
@@ -143,28 +164,15 @@ TEST(EndToEndEventLoss, ReadinessEventsLostToAFullBacklogAreRecoveredByAskingThe
   Workload w;
   w.requests = 60;
   w.max_tokens = 2048;
-  const int tp = 2;
-  const int port = free_port_block(tp);
-  ASSERT_NE(port, 0);
-  ConsumerSimOptions options;
-  options.config = consumer_config(tp, port, w.pool, json{{"event_queue_max", 1}, {"readiness_recheck_s", 0.5}});
-  options.deadline = std::chrono::seconds(180);
-  auto consumer = ConsumerSim::start(std::move(options));
-  ASSERT_TRUE(consumer) << consumer.status().to_string();
-  auto producer = ChildProcess::spawn(producer_argv(w, **consumer, port));
-  ASSERT_TRUE(producer) << producer.status().to_string();
-  const auto result = (*consumer)->run();
-  EXPECT_EQ(producer->wait(std::chrono::seconds(60)).value_or(-1), 0);
-  EXPECT_EQ(result.progress.requests_ready, static_cast<std::uint64_t>(w.requests));
-  EXPECT_EQ(result.progress.requests_failed, 0U)
-      << "first failed: " << (result.failed_requests.empty() ? "" : result.failed_requests[0]);
-  EXPECT_EQ(result.content_mismatches, 0U);
-  EXPECT_EQ(result.leaked_pool_bytes, 0U);
+  ProducerRun run;
+  run_with_producer(w, /*tp=*/2, json{{"event_queue_max", 1}, {"readiness_recheck_s", 0.5}}, run);
+  if (HasFatalFailure()) return;
+  expect_every_request_delivered(w, run);
   // The run must really have lost events for this to show anything. (Recovered
   // readiness also counts events still queued behind others when the answer came:
   // the scheduler drains at most event_queue_max per step.)
-  EXPECT_GT(result.events_dropped, 0U);
-  EXPECT_GT(result.readiness_recovered, 0U);
+  EXPECT_GT(run.result.events_dropped, 0U);
+  EXPECT_GT(run.result.readiness_recovered, 0U);
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd,
