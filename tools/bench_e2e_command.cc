@@ -111,10 +111,15 @@ int phase_port(int base, int tp, std::size_t phase) { return base + static_cast<
 Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& host, int control_port) {
   // Both pools are touched at start (what a deployment should do, see prefault in
   // docs/configuration.md): a landing's first touch of a pool page is no part of
-  // what the bench measures.
-  json extra{{"checksum", o.checksum},        {"prefault", true},
-             {"push_wait_timeout_s", 60},     {"control_timeout_s", 10},
-             {"shutdown_drain_timeout_s", 5}, {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
+  // what the bench measures. The simulated engine is a host engine that keeps views
+  // of the landed slots (zero_copy_loads), as a CPU engine can.
+  json extra{{"checksum", o.checksum},
+             {"prefault", true},
+             {"zero_copy_loads", true},
+             {"push_wait_timeout_s", 60},
+             {"control_timeout_s", 10},
+             {"shutdown_drain_timeout_s", 5},
+             {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
   if (!o.extra.empty()) {
     json overrides = json::parse(o.extra, nullptr, false);
     if (overrides.is_discarded() || !overrides.is_object()) {
@@ -426,7 +431,8 @@ int run_all(const E2eOptions& o) {
     return 2;
   }
   // A bad --extra is reported here, once, not by each role process.
-  if (auto config = e2e_config(o, Role::consumer, "127.0.0.1", 1); !config) {
+  auto config = e2e_config(o, Role::consumer, "127.0.0.1", 1);
+  if (!config) {
     std::cerr << "ecx bench e2e: " << config.status().message() << "\n";
     return 2;
   }
@@ -438,9 +444,10 @@ int run_all(const E2eOptions& o) {
   std::string load = "?";
   if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
   std::cout << fmt::format(
-      "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, sizes {}; "
-      "load average {} on {} CPUs\n",
-      o.tp, data_link_name(o.transport), o.checksum ? "on" : "off", o.sizes_text, load,
+      "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, loads {}, "
+      "sizes {}; load average {} on {} CPUs\n",
+      o.tp, data_link_name(o.transport), o.checksum ? "on" : "off",
+      config->zero_copy_loads ? "as views of the landed slots" : "copied", o.sizes_text, load,
       std::thread::hardware_concurrency());
   auto role_args = [&](const std::string& role, const std::string& flag) {
     std::vector<std::string> argv = {sim::self_executable(),

@@ -64,11 +64,21 @@ WorkerMeta meta_from_tuple(const py::tuple& t) {
   return m;
 }
 
+// A zero-copy load: a view of the landed slot that Python wraps as a tensor
+// (torch.frombuffer keeps this object alive as long as the tensor). The slot goes back
+// to the pool when the view is collected. It also keeps the worker coordinator (and
+// with it the receive pool's memory) alive: a tensor may outlive the connector's
+// shutdown.
+struct SlotView {
+  std::shared_ptr<WorkerCoordinator> owner;
+  consumer::SlotLease lease;
+};
+
 class PyWorker {
  public:
   explicit PyWorker(const Config& config) : max_tensor_bytes_(config.effective_max_tensor_bytes()) {
     py::gil_scoped_release release;  // pool allocation and registration, socket binds
-    impl_ = value_or_raise(WorkerCoordinator::start(config));
+    impl_ = std::shared_ptr<WorkerCoordinator>(value_or_raise(WorkerCoordinator::start(config)));
     impl_->export_metrics(metrics::Registry::global());
   }
 
@@ -78,9 +88,11 @@ class PyWorker {
   }
 
   // allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device_index)
+  // adopt(mm_hash, SlotView) -> None, or None to copy into what allocate returns.
   std::pair<std::vector<std::string>, std::vector<std::string>> start_load_caches(
       const std::vector<LoadTuple>& loads, const std::vector<std::string>& present, const py::function& allocate,
-      const std::vector<StoreTuple>& store_loads, const std::vector<StoreTuple>& store_prefetches) {
+      const std::vector<StoreTuple>& store_loads, const std::vector<StoreTuple>& store_prefetches,
+      const py::object& adopt) {
     scheduler::ConnectorMeta meta;
     meta.loads.reserve(loads.size());
     for (const auto& [mm_hash, transfer_id, shape, dtype, local] : loads) {
@@ -111,11 +123,23 @@ class PyWorker {
         return invalid_argument(std::string("allocate returned a bad value: ") + e.what());
       }
     };
+    WorkerCoordinator::Adopt adopt_view;
+    if (!adopt.is_none()) {
+      adopt_view = [this, &adopt](const scheduler::LoadSpec& load, consumer::SlotLease lease) -> Status {
+        py::gil_scoped_acquire gil;
+        try {
+          adopt(load.mm_hash, SlotView{impl_, std::move(lease)});
+          return Status::ok();
+        } catch (py::error_already_set& e) {
+          return internal_error(std::string("adopt raised: ") + e.what());
+        }
+      };
+    }
     WorkerCoordinator& w = impl();
     worker::LoadReport report;
     {
       py::gil_scoped_release release;  // takes, copies, CUDA stream waits
-      report = w.start_load_caches(meta, destination, is_present);
+      report = w.start_load_caches(meta, destination, adopt_view, is_present);
     }
     return {std::move(report.loaded), std::move(report.failed)};
   }
@@ -243,20 +267,33 @@ class PyWorker {
 
  private:
   std::uint64_t max_tensor_bytes_;
-  std::unique_ptr<WorkerCoordinator> impl_;
+  std::shared_ptr<WorkerCoordinator> impl_;  // shared with the SlotViews Python still holds
 };
 
 }  // namespace
 
 void register_worker(py::module_& m) {
+  py::class_<SlotView>(m, "SlotView", py::buffer_protocol(),
+                       "A landed slot lent to the engine (zero_copy_loads): a writable buffer of its bytes. The "
+                       "slot goes back to the pool when this object is collected.")
+      .def_buffer([](SlotView& v) {
+        if (!v.lease) throw py::value_error("this slot view was released");
+        return py::buffer_info(v.lease.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(v.lease.nbytes())}, {1});
+      })
+      .def_property_readonly("nbytes", [](const SlotView& v) { return v.lease.nbytes(); })
+      .def_property_readonly("mm_hash", [](const SlotView& v) { return v.lease.mm_hash(); });
   py::class_<PyWorker>(m, "WorkerCoordinator", "The connector's worker-side logic for one TP/PP rank.")
       .def(py::init<const Config&>(), py::arg("config"),
            "Starts the consumer shard (consumer, first PP stage) and/or the push engine (producer).")
       .def("start_load_caches", &PyWorker::start_load_caches, py::arg("loads"), py::arg("present"), py::arg("allocate"),
            py::arg("store_loads") = std::vector<StoreTuple>{}, py::arg("store_prefetches") = std::vector<StoreTuple>{},
+           py::arg("adopt") = py::none(),
            "loads: [(mm_hash, transfer_id, shape, dtype, local)]; present: hashes already in the encoder cache; "
            "allocate(mm_hash, shape, dtype) -> (data_ptr, is_cuda, device); store_loads: [(mm_hash, shape, dtype)] "
-           "read from the shared store (producer with cross_encoder_cache). Returns (loaded, failed).")
+           "read from the shared store (producer with cross_encoder_cache); adopt(mm_hash, SlotView): when given, "
+           "loads hand over views of the landed slots instead of copying (zero_copy_loads). Returns (loaded, "
+           "failed).")
       .def("start_save_caches", &PyWorker::start_save_caches, py::arg("pushes"),
            py::arg("store_candidates") = std::vector<StoreTuple>{},
            "pushes: [(mm_hash, transfer_id, shape, dtype, consumer_zmq, request_id)]; store_candidates: [(mm_hash, "

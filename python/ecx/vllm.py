@@ -650,6 +650,25 @@ class ECXConnector(ECConnectorBase):
 
         return allocate
 
+    def _adopter(self, staged: dict[str, Any], loads: list) -> Any:
+        """adopt(mm_hash, view) for zero_copy_loads on a CPU engine: the encoder-cache
+        tensor is a view of the landed slot (torch.frombuffer keeps the view, and with
+        it the slot, alive until vLLM drops the tensor). None (copy) otherwise: a GPU
+        engine needs its copy on the device anyway."""
+        if not self._config.zero_copy_loads or self._device_for_loads().type != "cpu":
+            return None
+        torch = _torch()
+        specs = {item.mm_hash: (item.shape, item.dtype) for item in loads}
+
+        def adopt(mm_hash: str, view: Any) -> None:
+            shape, dtype = specs[mm_hash]
+            if view.nbytes == 0:  # frombuffer refuses an empty buffer; nothing to share
+                staged[mm_hash] = torch.empty(shape, dtype=getattr(torch, dtype))
+                return
+            staged[mm_hash] = torch.frombuffer(view, dtype=getattr(torch, dtype)).view(shape)
+
+        return adopt
+
     def _load_from_store(self, encoder_cache: dict | None) -> None:
         """Producer with the cross-encoder cache: reads the bound metadata's store loads
         into the encoder cache, once per step, and binds each to the pushes waiting for
@@ -724,6 +743,7 @@ class ECXConnector(ECConnectorBase):
             self._allocator(staged),
             [item.to_core() for item in store_loads],
             [item.to_core() for item in store_prefetches],
+            self._adopter(staged, meta.loads),
         )
         for mm_hash in failed:
             logger.warning("ECX could not load mm_hash=%s; its request is failed", mm_hash)

@@ -91,6 +91,53 @@ def test_pushed_embeddings_arrive_bit_exact_and_the_engine_idles_afterwards(buil
         encoder.shutdown()
 
 
+def _push_and_serve(pd, encoder, count: int) -> tuple[dict, list[str]]:
+    """`count` one-image requests pushed by the encoder, then served by the PD instance.
+    Returns the finished requests and the images' identifiers."""
+    from vllm._double_engine import make_request
+
+    address = pd.workers[0].connector._config.control_address(0)
+    requests = []
+    for r in range(count):
+        item, tid = image(500 + r), uuid.uuid4().hex
+        requests.append((f"z{r}", item, tid))
+        encoder.add_request(make_request(f"z{r}:0", [item], {"consumer_zmq": address, "ec_items": [{"transfer_id": tid}]}))
+    while encoder.has_requests():
+        encoder.step()
+        assert all(f.status == "ok" for f in encoder.take_finished())
+    for rid, item, tid in requests:
+        pd.add_request(make_request(rid, [item], {"ec_items": [{"mm_hash": item["identifier"], "transfer_id": tid}]}))
+    return _run_until_done(pd, count), [item["identifier"] for _, item, _ in requests]
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_zero_copy_loads_lend_the_engine_the_landed_slots_until_it_drops_them(zero_copy):
+    import gc
+
+    build = BUILDS[-1]
+    pd = _pd(build, tp=1, zero_copy_loads=zero_copy)
+    encoder = _encoder(build)
+    try:
+        done, identifiers = _push_and_serve(pd, encoder, 6)
+        bad = [(f.request_id, f.status, f.detail) for f in done.values() if f.status != "ok"]
+        assert not bad, bad  # the engine read the encoder's exact bytes
+        worker = pd.workers[0]
+        held = [h for h in identifiers if h in worker.encoder_cache]
+        assert held, "the engine's encoder cache kept none of the loaded items"
+        counters = worker.connector.worker_counters()
+        # A view keeps its slot out of the pool; a copy gives it back at once.
+        assert counters["leases"] == (len(held) if zero_copy else 0)
+        # The engine drops its entries (vLLM frees them): the slots come back.
+        for h in held:
+            worker.encoder_cache.pop(h)
+            worker.connector._loaded_tensors.pop(h, None)
+        gc.collect()
+        assert worker.connector.worker_counters()["leases"] == 0
+    finally:
+        pd.shutdown()
+        encoder.shutdown()
+
+
 def _never_pushed(pd, monkeypatch_clock, profile_polls: bool):
     from vllm._double_engine import make_request
 

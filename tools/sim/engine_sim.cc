@@ -180,33 +180,50 @@ class EncoderCache {
     entries_.insert_or_assign(hash, std::move(entry));
     return data;
   }
+  // A zero-copy load: the entry is the landed slot itself, held until erased.
+  void adopt(const std::string& hash, consumer::SlotLease lease) {
+    erase(hash);
+    Entry entry;
+    entry.nbytes = lease.nbytes();
+    entry.lease.emplace(std::move(lease));
+    entries_.insert_or_assign(hash, std::move(entry));
+    ++adopted_;
+  }
   void erase(const std::string& hash) {
     auto it = entries_.find(hash);
     if (it == entries_.end()) return;
-    if (it->second.own) {
+    if (it->second.lease) {
+      // Dropping the lease gives the slot back to the pool.
+    } else if (it->second.own) {
       overflow_bytes_ -= it->second.own->size();
     } else {
       (void)allocator_.free(it->second.slot);
     }
     entries_.erase(it);
   }
+  // Drops the zero-copy entries: their slots go back to the pool.
+  void release_views() {
+    std::erase_if(entries_, [](const auto& e) { return e.second.lease.has_value(); });
+  }
   bool contains(const std::string& hash) const { return entries_.count(hash) > 0; }
   std::optional<std::span<const std::byte>> find(const std::string& hash) const {
     auto it = entries_.find(hash);
     if (it == entries_.end()) return std::nullopt;
     const Entry& e = it->second;
-    const std::byte* data = e.own ? e.own->data() : arena_->data() + e.slot.offset;
+    const std::byte* data = e.lease ? e.lease->data() : e.own ? e.own->data() : arena_->data() + e.slot.offset;
     return std::span<const std::byte>(data, e.nbytes);
   }
   // Memory the cache keeps resident: the arena and the entries beyond it.
   std::uint64_t resident_bytes() const { return (arena_ ? arena_->size() : 0) + overflow_bytes_; }
   std::uint64_t overflowed() const { return overflowed_; }
+  std::uint64_t adopted() const { return adopted_; }
 
  private:
   static constexpr std::uint64_t kAlignment = 256;
   struct Entry {
     pool::Slot slot;                // in the arena, unless `own`
     std::optional<pool::Slab> own;  // an entry that did not fit the arena
+    std::optional<consumer::SlotLease> lease;  // a zero-copy load: the pool's slot
     std::uint64_t nbytes = 0;
   };
   pool::OffsetAllocator allocator_;
@@ -214,6 +231,7 @@ class EncoderCache {
   std::unordered_map<std::string, Entry> entries_;
   std::uint64_t overflow_bytes_ = 0;
   std::uint64_t overflowed_ = 0;
+  std::uint64_t adopted_ = 0;
 };
 
 }  // namespace
@@ -442,18 +460,23 @@ struct ConsumerSim::State {
     for (const auto& h : meta.freed) cache.erase(h);
     std::uint64_t sim_ns = 0;
     scheduler::ConnectorMeta one;
+    const auto allocate = [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
+      const auto t0 = thread_cpu_ns();
+      auto data = cache.insert(l.mm_hash, l.spec.nbytes());
+      sim_ns += thread_cpu_ns() - t0;
+      if (!data) return data.status();
+      return worker::LoadDestination{*data, false, 0};
+    };
+    worker::WorkerCoordinator::Adopt adopt;
+    if (options.config.zero_copy_loads) {
+      adopt = [&cache](const scheduler::LoadSpec& l, consumer::SlotLease lease) {
+        cache.adopt(l.mm_hash, std::move(lease));
+        return Status::ok();
+      };
+    }
     for (const auto& load : meta.loads) {
       one.loads.assign(1, load);
-      workers[rank]->start_load_caches(
-          one,
-          [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
-            const auto t0 = thread_cpu_ns();
-            auto data = cache.insert(l.mm_hash, l.spec.nbytes());
-            sim_ns += thread_cpu_ns() - t0;
-            if (!data) return data.status();
-            return worker::LoadDestination{*data, false, 0};
-          },
-          [&cache](const std::string& h) { return cache.contains(h); });
+      workers[rank]->start_load_caches(one, allocate, adopt, [&cache](const std::string& h) { return cache.contains(h); });
       rs.loaded_at[load.mm_hash] = options.clock->now();
     }
     if (!meta.store_loads.empty() || !meta.store_prefetches.empty()) {
@@ -461,14 +484,7 @@ struct ConsumerSim::State {
       scheduler::ConnectorMeta store;
       store.store_loads = meta.store_loads;
       store.store_prefetches = meta.store_prefetches;
-      const auto report = workers[rank]->start_load_caches(
-          store, [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
-            const auto t0 = thread_cpu_ns();
-            auto data = cache.insert(l.mm_hash, l.spec.nbytes());
-            sim_ns += thread_cpu_ns() - t0;
-            if (!data) return data.status();
-            return worker::LoadDestination{*data, false, 0};
-          });
+      const auto report = workers[rank]->start_load_caches(store, allocate);
       const auto now = options.clock->now();
       for (const auto& h : report.loaded) rs.loaded_at[h] = now;
     }
@@ -597,6 +613,7 @@ ConsumerSim::ConsumerSim(std::unique_ptr<State> state) : state_(std::move(state)
 
 ConsumerSim::~ConsumerSim() {
   if (state_->scheduler) state_->scheduler->close();
+  state_->caches.clear();  // zero-copy entries are leases on the shards' pools: back before they stop
   for (auto& w : state_->workers) w->shutdown();
 }
 
@@ -645,12 +662,18 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   s.result.producer_done = s.producer_done;
   s.result.wall_s = duration_to_seconds(s.options.clock->now() - started);
   std::uint64_t overflowed = 0;
-  for (const auto& cache : s.caches) overflowed += cache.overflowed();
+  for (const auto& cache : s.caches) {
+    overflowed += cache.overflowed();
+    s.result.loads_as_views += cache.adopted();
+  }
   if (overflowed > 0) {
     // Each such load paid page faults the bench means to keep out of what it measures.
     s.log->warn("{} loads did not fit the simulated encoder cache's arena ({} per rank) and were mapped on their own",
                 overflowed, fmt::format("{} MiB", s.options.config.buffer_size >> 20));
   }
+  // The run is over: views into the pools are given back, so what the pools still
+  // hold beyond their resident copies is a leak.
+  for (auto& cache : s.caches) cache.release_views();
   const auto stats = s.scheduler->stats();
   s.result.store_loads = stats.store_loads;
   s.result.readiness_recovered = stats.readiness_recovered;

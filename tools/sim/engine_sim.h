@@ -56,6 +56,7 @@ struct ConsumerResult {
   std::uint64_t checksum_mismatches = 0;  // payloads the consumer refused on their xxHash64
   std::uint64_t leaked_pool_bytes = 0;    // held by neither a live transfer nor the resident cache
   std::uint64_t live_reservations = 0;
+  std::uint64_t loads_as_views = 0;  // zero_copy_loads: landed slots the engine kept instead of a copy
   // Reserves the shards held until space freed (reserve_hold_ms): placed, or answered
   // retry when the hold ended.
   std::uint64_t reserves_held = 0;

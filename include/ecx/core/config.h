@@ -85,6 +85,7 @@ struct Config {
   bool huge_pages = true;
   bool mlock = false;
   bool prefault = false;
+  bool zero_copy_loads = false;  // host loads hand the engine a view of the landed slot
 
   bool is_producer() const noexcept { return role != Role::consumer; }
   bool is_consumer() const noexcept { return role != Role::producer; }

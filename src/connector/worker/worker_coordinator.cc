@@ -174,6 +174,11 @@ Status WorkerCoordinator::copy_to_device(const void* host, const LoadDestination
 
 LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
                                                 const IsPresent& present) {
+  return start_load_caches(meta, allocate, nullptr, present);
+}
+
+LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
+                                                const Adopt& adopt, const IsPresent& present) {
   LoadReport report;
   if (store_) load_from_store(meta, allocate, report);
   if (!shard_) return report;
@@ -198,20 +203,30 @@ LoadReport WorkerCoordinator::start_load_caches(const scheduler::ConnectorMeta& 
       fail(lease.status());
       continue;
     }
-    auto destination = allocate(load);
-    if (!destination) {
-      fail(destination.status());
-      continue;
-    }
-    const TimePoint copy_started = clock_->now();
-    if (!destination->cuda) {
-      std::memcpy(destination->data, lease->data(), lease->nbytes());
-    } else if (Status copied = copy_to_device(lease->data(), *destination, lease->nbytes()); !copied) {
-      fail(copied);
-      continue;
+    TimePoint copy_started = clock_->now();
+    if (adopt) {
+      // The hand-over is the whole load: recorded as load_copy so the stage table
+      // shows what the engine's critical path paid (about nothing).
+      if (Status adopted = adopt(load, std::move(*lease)); !adopted) {
+        fail(adopted);
+        continue;
+      }
+    } else {
+      auto destination = allocate(load);
+      if (!destination) {
+        fail(destination.status());
+        continue;
+      }
+      copy_started = clock_->now();  // the engine's allocation is not the load's copy
+      if (!destination->cuda) {
+        std::memcpy(destination->data, lease->data(), lease->nbytes());
+      } else if (Status copied = copy_to_device(lease->data(), *destination, lease->nbytes()); !copied) {
+        fail(copied);
+        continue;
+      }
+      lease->release();
     }
     stages::record(stages::Stage::load_copy, clock_->now() - copy_started);
-    lease->release();
     step_.loaded.insert(load.mm_hash);
     report.loaded.push_back(load.mm_hash);
   }

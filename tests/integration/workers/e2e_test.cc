@@ -143,6 +143,7 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   ASSERT_TRUE(run.result.producer_done) << "the producer never said it was done";
   expect_every_request_delivered(w, run);
   EXPECT_GE(run.result.items_ready, 400U);  // 200 requests of 1..4 images
+  EXPECT_EQ(run.result.loads_as_views, 0U);  // copies, by default
   // This process is the consumer instance: it recorded each of its stages, at most
   // once per item and rank (repeats served from the resident cache or already in the
   // engine's cache skip landing and copying).
@@ -173,6 +174,19 @@ TEST(EndToEndEventLoss, ReadinessEventsLostToAFullBacklogAreRecoveredByAskingThe
   // the scheduler drains at most event_queue_max per step.)
   EXPECT_GT(run.result.events_dropped, 0U);
   EXPECT_GT(run.result.readiness_recovered, 0U);
+}
+
+// zero_copy_loads: the engine keeps views of the landed slots as its encoder-cache
+// entries. Every item is still read byte for byte from them, and every slot comes back
+// to its pool once the engine drops the entry (no leaked pool bytes at the end).
+TEST(EndToEndZeroCopyLoads, TheEngineReadsTheLandedSlotsAndGivesEveryOneBack) {
+  Workload w;
+  w.requests = 80;
+  ProducerRun run;
+  run_with_producer(w, /*tp=*/2, json{{"zero_copy_loads", true}}, run);
+  if (HasFatalFailure()) return;
+  expect_every_request_delivered(w, run);
+  EXPECT_GT(run.result.loads_as_views, 0U);
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd,

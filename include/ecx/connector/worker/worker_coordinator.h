@@ -100,6 +100,13 @@ class WorkerCoordinator {
   using IsPresent = std::function<bool(const std::string& mm_hash)>;
   LoadReport start_load_caches(const scheduler::ConnectorMeta& meta, const Allocate& allocate,
                                const IsPresent& present = nullptr);
+  // Zero-copy loads (zero_copy_loads, host engines that can keep a view): each landed
+  // slot of meta.loads is handed to `adopt` as a lease the engine keeps as its
+  // encoder-cache entry; the slot returns to the pool (or stays resident) when the
+  // engine drops the lease. Nothing is copied. Store loads still go through `allocate`.
+  using Adopt = std::function<Status(const scheduler::LoadSpec& load, consumer::SlotLease lease)>;
+  LoadReport start_load_caches(const scheduler::ConnectorMeta& meta, const Allocate& allocate, const Adopt& adopt,
+                               const IsPresent& present = nullptr);
   // For engines that keep a zero-copy view: the lease keeps the slot until released.
   Result<consumer::SlotLease> take(const scheduler::LoadSpec& load);
 
