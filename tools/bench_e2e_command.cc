@@ -111,11 +111,13 @@ int phase_port(int base, int tp, std::size_t phase) { return base + static_cast<
 Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& host, int control_port) {
   // Both pools are touched at start (what a deployment should do, see prefault in
   // docs/configuration.md): a landing's first touch of a pool page is no part of
-  // what the bench measures. The simulated engine is a host engine that keeps views
-  // of the landed slots (zero_copy_loads), as a CPU engine can.
+  // what the bench measures. The simulated engines are host engines that share their
+  // memory with ECX, as CPU engines can: the consumer keeps views of the landed slots
+  // (zero_copy_loads), the producer lends its outputs (zero_copy_saves).
   json extra{{"checksum", o.checksum},
              {"prefault", true},
              {"zero_copy_loads", true},
+             {"zero_copy_saves", true},
              {"push_wait_timeout_s", 60},
              {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5},
@@ -445,9 +447,10 @@ int run_all(const E2eOptions& o) {
   if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
   std::cout << fmt::format(
       "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, loads {}, "
-      "sizes {}; load average {} on {} CPUs\n",
+      "outputs {}, sizes {}; load average {} on {} CPUs\n",
       o.tp, data_link_name(o.transport), o.checksum ? "on" : "off",
-      config->zero_copy_loads ? "as views of the landed slots" : "copied", o.sizes_text, load,
+      config->zero_copy_loads ? "as views of the landed slots" : "copied",
+      config->zero_copy_saves ? "sent from the encoder's memory" : "staged", o.sizes_text, load,
       std::thread::hardware_concurrency());
   auto role_args = [&](const std::string& role, const std::string& flag) {
     std::vector<std::string> argv = {sim::self_executable(),

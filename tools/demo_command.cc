@@ -66,6 +66,7 @@ struct DemoOptions {
   bool quiet = false;
   int encoders = 1;  // producer processes, each serving its share of the requests
   bool cross_encoder_cache = false;
+  bool zero_copy = false;           // engines keep views of landed slots and lend their outputs
   bool skip_encoder_hop = false;    // requests whose images are all stored go straight to the consumer
   double store_io_timeout_s = 0.5;  // store_io_timeout_s of every role
   // internal (child roles)
@@ -91,6 +92,10 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
   // A soak judges growth: pool pages touched for the first time late in the run (a
   // best-fit allocator reaches the far end of a pool only now and then) are not one.
   if (o.duration_s > 0) extra["prefault"] = true;
+  if (o.zero_copy) {
+    extra["zero_copy_loads"] = true;
+    extra["zero_copy_saves"] = true;
+  }
   if (o.cross_encoder_cache && (role == Role::producer || o.skip_encoder_hop)) {
     extra["cross_encoder_cache"] = true;
     extra["store_url"] = o.store_url.empty() ? std::string("redis://127.0.0.1:6379/0") : o.store_url;
@@ -226,6 +231,8 @@ int run_producer(const DemoOptions& o) {
                    {"yields", r->yields},
                    {"rounds", r->rounds},
                    {"encoder_runs", r->encoder_runs},
+                   {"outputs_lent", r->outputs_lent},
+                   {"outputs_not_given_back", r->outputs_not_given_back},
                    {"encoder_hops_skipped", r->encoder_hops_skipped},
                    {"cross_encoder_lookups", r->store_lookups},
                    {"cross_encoder_hits", r->store_hits},
@@ -244,6 +251,11 @@ int run_producer(const DemoOptions& o) {
                    {"store_rejected", r->store.rejected},
                    {"wall_s", r->wall_s}};
   std::cout << total.dump() << std::endl;
+  if (r->outputs_not_given_back > 0) {
+    std::cerr << "ecx demo producer: " << r->outputs_not_given_back
+              << " lent output(s) were never given back by ECX (a leak)\n";
+    return 1;
+  }
   return 0;
 }
 
@@ -446,6 +458,7 @@ int run_demo(const DemoOptions& options) {
                                      std::to_string(o.port),
                                      o.checksum ? "--checksum" : "--no-checksum"};
     if (o.log_sizes) argv.emplace_back("--log-sizes");
+    if (o.zero_copy) argv.emplace_back("--zero-copy");
     argv.insert(argv.end(), {"--encoders", std::to_string(o.encoders)});
     if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
     argv.insert(argv.end(), {"--transport", std::string(data_link_name(o.transport))});
@@ -795,6 +808,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_option("--encoders", o->encoders, "producer (encoder) processes, requests shared round robin")
       ->capture_default_str()
       ->check(CLI::Range(1, 8));
+  demo->add_flag("--zero-copy", o->zero_copy,
+                 "the simulated engines keep views of the landed slots (zero_copy_loads) and lend their outputs "
+                 "(zero_copy_saves) instead of copying");
   demo->add_flag("--cross-encoder-cache", o->cross_encoder_cache,
                  "encoders share outputs through a redis-server the demo starts on loopback");
   demo->add_option("--encoder-index", o->encoder_index, "internal: this producer's index")->group("");

@@ -49,6 +49,7 @@ void register_config(py::module_& m) {
       .def_readonly("metrics_port", &Config::metrics_port)
       .def_readonly("cross_encoder_cache", &Config::cross_encoder_cache)
       .def_readonly("zero_copy_loads", &Config::zero_copy_loads)
+      .def_readonly("zero_copy_saves", &Config::zero_copy_saves)
       .def_readonly("store_url", &Config::store_url)
       .def_readonly("store_prefix", &Config::store_prefix)
       .def_readonly("store_model", &Config::store_model)

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -72,6 +73,54 @@ WorkerMeta meta_from_tuple(const py::tuple& t) {
 struct SlotView {
   std::shared_ptr<WorkerCoordinator> owner;
   consumer::SlotLease lease;
+};
+
+// The Python objects (tensors) behind lent outputs (zero_copy_saves). ECX gives an
+// output back on its dispatcher thread, which must not touch reference counts without
+// the GIL (nor wait for it): the release only moves the object here, and the next hook
+// on a Python thread drops what collected.
+class LentOwners {
+ public:
+  void hand_back(py::object object) {
+    std::lock_guard lock(mutex_);
+    released_.push_back(std::move(object));  // a move: no reference count changes
+  }
+  // Under the GIL.
+  void drop_released() {
+    std::vector<py::object> dropping;
+    {
+      std::lock_guard lock(mutex_);
+      dropping.swap(released_);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<py::object> released_;
+};
+
+// One lent output's owner until ECX gives it back. Dropped without a release (an
+// engine that ended without shutdown), it takes the GIL to let go.
+class LentOwner {
+ public:
+  LentOwner(py::object object, std::shared_ptr<LentOwners> owners)
+      : object_(std::move(object)), owners_(std::move(owners)) {}
+  LentOwner(const LentOwner&) = delete;
+  LentOwner& operator=(const LentOwner&) = delete;
+  ~LentOwner() {
+    if (!object_) return;
+    py::gil_scoped_acquire gil;
+    object_ = py::object();
+  }
+  void release() {
+    std::lock_guard lock(mutex_);
+    if (object_) owners_->hand_back(std::move(object_));
+  }
+
+ private:
+  std::mutex mutex_;
+  py::object object_;
+  std::shared_ptr<LentOwners> owners_;
 };
 
 class PyWorker {
@@ -175,7 +224,26 @@ class PyWorker {
     return s.to_string();
   }
 
+  // Returns None, or the reason the output could not be bound. `owner` (the tensor)
+  // is held until ECX has sent the bytes: with zero_copy_saves they are read in place.
+  std::optional<std::string> lend_cache(const std::string& mm_hash, std::uintptr_t data_ptr, std::uint64_t nbytes,
+                                        py::object owner) {
+    if (data_ptr == 0 && nbytes > 0) throw py::value_error("lend_cache: null data pointer");
+    lent_owners_->drop_released();
+    WorkerCoordinator& w = impl();
+    auto held = std::make_shared<LentOwner>(std::move(owner), lent_owners_);
+    Status s;
+    {
+      py::gil_scoped_release release;  // registration (or the staging copy)
+      s = w.lend_cache(mm_hash, reinterpret_cast<const void*>(data_ptr), nbytes, [held] { held->release(); });
+    }
+    lent_owners_->drop_released();  // copied instead: given back already
+    if (s) return std::nullopt;
+    return s.to_string();
+  }
+
   void get_finished(const std::vector<std::string>& ids) {
+    lent_owners_->drop_released();
     WorkerCoordinator& w = impl();
     py::gil_scoped_release release;
     w.get_finished(ids);
@@ -214,6 +282,7 @@ class PyWorker {
       d["pushes_submitted"] = c.submitted;
       d["sources_bound"] = c.sources_bound;
       d["sources_unused"] = c.sources_unused;
+      d["sources_lent"] = c.sources_lent;
       d["staging_failures"] = c.staging_failures;
       d["bytes_staged"] = c.bytes_staged;
       d["staging_used_bytes"] = c.staging_used_bytes;
@@ -260,14 +329,18 @@ class PyWorker {
 
   void shutdown() {
     if (!impl_) return;
-    py::gil_scoped_release release;  // drains writers, joins threads
-    impl_->shutdown();
-    impl_.reset();
+    {
+      py::gil_scoped_release release;  // drains writers, joins threads
+      impl_->shutdown();
+      impl_.reset();
+    }
+    lent_owners_->drop_released();  // the shutdown gave back every lent output
   }
 
  private:
   std::uint64_t max_tensor_bytes_;
   std::shared_ptr<WorkerCoordinator> impl_;  // shared with the SlotViews Python still holds
+  std::shared_ptr<LentOwners> lent_owners_ = std::make_shared<LentOwners>();
 };
 
 }  // namespace
@@ -302,6 +375,10 @@ void register_worker(py::module_& m) {
            py::arg("cuda") = false,
            "Copies the encoder output into the staging pool now (the caller may free it after the call). Returns "
            "None, or why it could not be staged.")
+      .def("lend_cache", &PyWorker::lend_cache, py::arg("mm_hash"), py::arg("data_ptr"), py::arg("nbytes"),
+           py::arg("owner"),
+           "A host output sent from its own memory with zero_copy_saves (else copied): `owner` (the tensor) is "
+           "held until ECX is done with the bytes. Returns None, or why it could not be bound.")
       .def("get_finished", &PyWorker::get_finished, py::arg("finished_request_ids"))
       .def("build_worker_meta", &PyWorker::build_worker_meta,
            "(loaded, failed_loads, reclaimed, pending_saves, failed_saves), or None on ranks that do not report.")

@@ -803,7 +803,11 @@ class ECXConnector(ECConnectorBase):
             # The encoder wrote it on the current stream; the staging copy runs on
             # ECX's own stream and must not start before those kernels finish.
             _torch().cuda.current_stream(tensor.device).synchronize()
-        error = self._worker.save_cache(mm_hash, data_ptr, nbytes, is_cuda)
+        if is_cuda or not self._config.zero_copy_saves:
+            error = self._worker.save_cache(mm_hash, data_ptr, nbytes, is_cuda)
+        else:
+            # Sent from the tensor's own memory; ECX holds the tensor until then.
+            error = self._worker.lend_cache(mm_hash, data_ptr, nbytes, tensor)
         if error is not None:
             logger.debug("ECX could not stage mm_hash=%s: %s", mm_hash, error)
 

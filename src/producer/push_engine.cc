@@ -28,6 +28,9 @@ namespace {
 // result of an operation the dispatcher started (itself bounded by the push state),
 // so reaching it means the dispatcher is wedged; refusing is better than growing.
 constexpr std::size_t kInboxMax = 1 << 20;
+// Lent sources whose registration a timed-out send still holds; beyond this many the
+// engine gets its memory back regardless (the data plane cancels such sends).
+constexpr std::size_t kMaxLentParked = 4096;
 constexpr Duration kIdleWakeup = std::chrono::milliseconds(100);
 constexpr std::size_t kMaxAwaitingTopology = 65'536;
 
@@ -162,7 +165,30 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     if (failures.size() < 65'536) failures.push_back(std::move(failure));
   }
 
-  void release_source(SourceId id) { staging->release(id); }
+  void release_source(SourceId id) {
+    if (auto lent = staging->release(id)) give_back(std::move(*lent));
+  }
+
+  // A lent source nothing sends from any more: its registration goes, then the engine
+  // gets its memory back. A send that timed out may still read it (the data plane
+  // refuses to deregister then): retried each dispatcher pass until it can.
+  std::vector<StagingArea::LentRelease> lent_parked;
+  void give_back(StagingArea::LentRelease lent) {
+    if (Status s = transport->deregister_region(lent.region); !s) {
+      if (lent_parked.size() < kMaxLentParked) {
+        lent_parked.push_back(std::move(lent));
+        return;
+      }
+      log->warn("a lent source's registration could not be removed ({}); its memory is given back anyway",
+                s.to_string());
+    }
+    if (lent.on_release) lent.on_release();
+  }
+  void retry_parked_lent() {
+    auto parked_now = std::move(lent_parked);
+    lent_parked.clear();
+    for (auto& lent : parked_now) give_back(std::move(lent));
+  }
 
   // ---- dispatcher
 
@@ -183,6 +209,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       }
       actions.append(pushes.tick());
       execute(std::move(actions));
+      if (!lent_parked.empty()) retry_parked_lent();
       update_parked();
       in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel);
       lock.lock();
@@ -461,8 +488,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       return;
     }
     std::weak_ptr<State> weak = weak_from_this();
+    const auto [region, offset] = staging->location(source, staging_region);
     const auto status = transport->write(
-        *endpoint, staging_region, source.slot.offset, p.nbytes, data.base + p.slot_offset,
+        *endpoint, region, offset, p.nbytes, data.base + p.slot_offset,
         clock->now() + config.push_wait_timeout(),
         [weak, p](Status result) {
           if (auto s = weak.lock()) s->enqueue(WriteSettled{p, std::move(result)});
@@ -579,10 +607,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       const auto bytes = wire::encode_payload_header(header);
       const TimePoint deadline = clock->now() + config.push_wait_timeout();
       // A direct payload needs the shard's verdict: it may turn the payload away.
-      const auto status = p.direct ? transport->send_confirmed(*endpoint, bytes, staging_region, source->slot.offset,
-                                                               p.nbytes, deadline, std::move(on_sent))
-                                   : transport->send(*endpoint, bytes, staging_region, source->slot.offset, p.nbytes,
-                                                     deadline, std::move(on_sent));
+      const auto [region, offset] = staging->location(*source, staging_region);
+      const auto status = p.direct ? transport->send_confirmed(*endpoint, bytes, region, offset, p.nbytes, deadline,
+                                                               std::move(on_sent))
+                                   : transport->send(*endpoint, bytes, region, offset, p.nbytes, deadline,
+                                                     std::move(on_sent));
       if (!status) more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
     }
   }
@@ -675,6 +704,33 @@ Status PushEngine::bind_source(std::string_view mm_hash, const void* data, std::
   s.count(&EngineCounters::bytes_staged, nbytes);
   if (!s.enqueue(BindCommand{std::string(mm_hash), id, nbytes})) {
     s.release_source(id);
+    return resource_exhausted("the producer's queue is full");
+  }
+  return Status::ok();
+}
+
+Status PushEngine::lend_source(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
+                               std::function<void()> release) {
+  auto& s = *state_;
+  if (nbytes == 0) return invalid_argument("an encoder output of 0 bytes cannot be pushed");
+  auto region = s.transport->register_region(const_cast<void*>(data), nbytes,  // NOLINT: only read
+                                             transport::MemoryKind::host);
+  if (!region) {
+    // Still sent, from a copy: the engine has its memory back at once.
+    s.log->debug("cannot register mm_hash={}'s output in place ({}); staging a copy", mm_hash,
+                 region.status().message());
+    Status staged = bind_source(mm_hash, data, nbytes, SourceMemory::host);
+    if (release) release();
+    return staged;
+  }
+  const SourceId id = s.staging->lend(data, nbytes, *region, std::move(release));
+  s.count(&EngineCounters::sources_bound);
+  s.count(&EngineCounters::sources_lent);
+  if (!s.enqueue(BindCommand{std::string(mm_hash), id, nbytes})) {
+    if (auto lent = s.staging->release(id)) {  // never sent: its registration goes at once
+      (void)s.transport->deregister_region(lent->region);
+      if (lent->on_release) lent->on_release();
+    }
     return resource_exhausted("the producer's queue is full");
   }
   return Status::ok();
@@ -796,6 +852,12 @@ void PushEngine::shutdown(Duration timeout) {
   s.client.reset();
   if (s.transport && s.staging_region.valid()) (void)s.transport->deregister_region(s.staging_region);
   s.transport.reset();
+  // The data plane is gone: nothing reads the engine's lent memory any more.
+  auto lent = std::move(s.lent_parked);
+  for (auto& rest : s.staging->release_all_lent()) lent.push_back(std::move(rest));
+  for (auto& l : lent) {
+    if (l.on_release) l.on_release();
+  }
 }
 
 }  // namespace ecx::producer

@@ -61,6 +61,18 @@ Result<SourceId> StagingArea::stage(const void* data, std::uint64_t nbytes, Sour
   return id;
 }
 
+SourceId StagingArea::lend(const void* data, std::uint64_t nbytes, transport::RegionHandle region,
+                           std::function<void()> on_release) {
+  const auto* bytes = static_cast<const std::byte*>(data);
+  std::optional<std::uint64_t> checksum;
+  if (config_.checksum) checksum = XXH64(bytes, nbytes, 0);
+  std::lock_guard lock(mutex_);
+  const SourceId id = kLentBit | ++lent_ids_;
+  sources_[id] = Source{pool::Slot{}, nbytes, checksum, bytes, region};
+  lent_releases_[id] = std::move(on_release);
+  return id;
+}
+
 std::optional<std::uint64_t> StagingArea::checksum(SourceId id) {
   Source source;
   {
@@ -70,7 +82,7 @@ std::optional<std::uint64_t> StagingArea::checksum(SourceId id) {
     if (it->second.checksum) return it->second.checksum;
     source = it->second;
   }
-  const std::uint64_t value = XXH64(slab_.at(source.slot), source.nbytes, 0);
+  const std::uint64_t value = XXH64(source.lent ? source.lent : slab_.at(source.slot), source.nbytes, 0);
   std::lock_guard lock(mutex_);
   if (auto it = sources_.find(id); it != sources_.end()) it->second.checksum = value;
   return value;
@@ -96,12 +108,34 @@ std::optional<StagingArea::Source> StagingArea::find(SourceId id) const {
   return it->second;
 }
 
-void StagingArea::release(SourceId id) {
+std::optional<StagingArea::LentRelease> StagingArea::release(SourceId id) {
   std::lock_guard lock(mutex_);
   auto it = sources_.find(id);
-  if (it == sources_.end()) return;
-  (void)allocator_.free(it->second.slot);
+  if (it == sources_.end()) return std::nullopt;
+  std::optional<LentRelease> lent;
+  if (it->second.lent) {
+    auto callback = lent_releases_.extract(id);
+    lent = LentRelease{it->second.lent_region, callback.empty() ? nullptr : std::move(callback.mapped())};
+  } else {
+    (void)allocator_.free(it->second.slot);
+  }
   sources_.erase(it);
+  return lent;
+}
+
+std::vector<StagingArea::LentRelease> StagingArea::release_all_lent() {
+  std::vector<LentRelease> out;
+  std::lock_guard lock(mutex_);
+  for (auto it = sources_.begin(); it != sources_.end();) {
+    if (!it->second.lent) {
+      ++it;
+      continue;
+    }
+    auto callback = lent_releases_.extract(it->first);
+    out.push_back(LentRelease{it->second.lent_region, callback.empty() ? nullptr : std::move(callback.mapped())});
+    it = sources_.erase(it);
+  }
+  return out;
 }
 
 std::uint64_t StagingArea::used_bytes() const {

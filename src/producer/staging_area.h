@@ -8,11 +8,14 @@
 // that nobody uses where no consumer verifies.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
@@ -22,15 +25,26 @@
 #include "ecx/pool/slab.h"
 #include "ecx/producer/push_engine.h"
 #include "ecx/producer/push_manager.h"
+#include "ecx/transport/transport.h"
 
 namespace ecx::producer {
 
 class StagingArea {
  public:
   struct Source {
-    pool::Slot slot;
+    pool::Slot slot;  // in the staging pool, unless lent
     std::uint64_t nbytes = 0;
     std::optional<std::uint64_t> checksum;  // xxHash64, once computed
+    // A lent source (PushEngine::lend_source): the engine's own memory, registered
+    // with the data plane on its own, sent from in place.
+    const std::byte* lent = nullptr;
+    transport::RegionHandle lent_region{};
+  };
+  // What giving back a lent source takes, done by the caller outside the lock:
+  // deregister the region, then tell the engine its memory is free.
+  struct LentRelease {
+    transport::RegionHandle region;
+    std::function<void()> on_release;
   };
 
   static Result<std::unique_ptr<StagingArea>> create(const Config& config, std::shared_ptr<const Clock> clock);
@@ -38,12 +52,24 @@ class StagingArea {
   // Copies `nbytes` from `data` into a fresh slot (and hashes it when `checksum` is
   // on). resource_exhausted when the pool has no room (the message says how full it is).
   Result<SourceId> stage(const void* data, std::uint64_t nbytes, SourceMemory memory);
+  // Records the engine's own memory as a source, already registered as `region`
+  // (hashed now when `checksum` is on); `on_release` runs once it is given back.
+  SourceId lend(const void* data, std::uint64_t nbytes, transport::RegionHandle region,
+                std::function<void()> on_release);
   std::optional<Source> find(SourceId id) const;
+  // The region and offset a send of this source names.
+  std::pair<transport::RegionHandle, std::uint64_t> location(const Source& source,
+                                                             transport::RegionHandle staging_region) const {
+    return source.lent ? std::pair{source.lent_region, std::uint64_t{0}} : std::pair{staging_region, source.slot.offset};
+  }
   // The source's xxHash64, computed now if it was not while staging; nullopt for an
   // unknown source. Called by the dispatcher, the only thread that releases sources,
   // so the bytes stay put while they are hashed (outside the lock).
   std::optional<std::uint64_t> checksum(SourceId id);
-  void release(SourceId id);
+  // A staged source's slot is freed here; a lent one's release is returned.
+  std::optional<LentRelease> release(SourceId id);
+  // Every lent source still held (shutdown: the data plane is gone, nothing reads them).
+  std::vector<LentRelease> release_all_lent();
 
   std::byte* base() noexcept { return slab_.data(); }
   std::uint64_t capacity() const noexcept { return slab_.size(); }
@@ -54,6 +80,8 @@ class StagingArea {
   StagingArea(const Config& config, std::shared_ptr<const Clock> clock, pool::Slab slab, pool::MemoryKind kind);
   Status copy_from_device(const void* data, std::byte* destination, std::uint64_t nbytes);
 
+  static constexpr SourceId kLentBit = SourceId{1} << 63;
+
   const Config config_;
   std::shared_ptr<const Clock> clock_;
   pool::Slab slab_;
@@ -61,6 +89,8 @@ class StagingArea {
   mutable std::mutex mutex_;
   pool::OffsetAllocator allocator_;
   std::unordered_map<SourceId, Source> sources_;
+  std::unordered_map<SourceId, std::function<void()>> lent_releases_;
+  SourceId lent_ids_ = 0;  // lent sources are numbered apart from staged ones (slot offset + 1)
   std::unique_ptr<pool::CudaStager> stager_;  // created on the first device copy
 };
 

@@ -138,6 +138,30 @@ def test_zero_copy_loads_lend_the_engine_the_landed_slots_until_it_drops_them(ze
         encoder.shutdown()
 
 
+def test_zero_copy_saves_send_the_encoders_tensors_in_place_and_let_go_of_them_once_sent():
+    import gc
+    import weakref
+
+    build = BUILDS[-1]
+    pd = _pd(build, tp=1)
+    encoder = _encoder(build, zero_copy_saves=True)
+    try:
+        done, identifiers = _push_and_serve(pd, encoder, 6)
+        bad = [(f.request_id, f.status, f.detail) for f in done.values() if f.status != "ok"]
+        assert not bad, bad  # the PD instance read the encoder's exact bytes
+        connector = encoder.workers[0].connector
+        assert connector.worker_counters()["sources_lent"] == len(identifiers)
+        cache = encoder.workers[0].encoder_cache
+        lent = [weakref.ref(cache.pop(h)) for h in identifiers if h in cache]
+        assert lent, "the encoder's cache kept none of its outputs"
+        connector._worker.get_finished([])  # a hook on the engine's thread drops what ECX gave back
+        gc.collect()
+        assert all(ref() is None for ref in lent), "ECX still holds tensors whose pushes are done"
+    finally:
+        pd.shutdown()
+        encoder.shutdown()
+
+
 def _never_pushed(pd, monkeypatch_clock, profile_polls: bool):
     from vllm._double_engine import make_request
 

@@ -234,6 +234,48 @@ class EncoderCache {
   std::uint64_t adopted_ = 0;
 };
 
+// The encoder's output memory when zero_copy_saves is on: each output is written
+// into a block of one arena and lent to ECX, which sends it in place and gives the
+// block back (from its own thread) once the output's pushes are done. Touched at start
+// with `prefault` (the bench), as the pools are. Shared with the release callbacks, so
+// a late one finds it alive.
+class LentOutputs : public std::enable_shared_from_this<LentOutputs> {
+ public:
+  LentOutputs(std::uint64_t arena_bytes, bool prefault)
+      : allocator_(std::max<std::uint64_t>(arena_bytes, 4096), 4096) {
+    pool::SlabOptions options;
+    options.prefault = prefault;
+    if (auto arena = pool::Slab::allocate(pool::MemoryKind::host, allocator_.capacity(), options)) {
+      arena_.emplace(std::move(*arena));
+    }
+  }
+  // A block for an output, and what gives it back; nullopt when the arena is full.
+  std::optional<std::pair<std::span<std::byte>, std::function<void()>>> take(std::uint64_t nbytes) {
+    if (!arena_) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    auto slot = allocator_.allocate(nbytes);
+    if (!slot) return std::nullopt;
+    ++lent_;
+    std::span<std::byte> block(arena_->data() + slot->offset, nbytes);
+    return std::pair{block, [self = shared_from_this(), slot = *slot] {
+                       std::lock_guard held(self->mutex_);
+                       (void)self->allocator_.free(slot);
+                       --self->lent_;
+                     }};
+  }
+  // Blocks ECX has not given back yet.
+  std::uint64_t outstanding() const {
+    std::lock_guard lock(mutex_);
+    return lent_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  pool::OffsetAllocator allocator_;
+  std::optional<pool::Slab> arena_;
+  std::uint64_t lent_ = 0;
+};
+
 }  // namespace
 
 double percentile(std::vector<double> samples, double pct) {
@@ -757,6 +799,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       if (doc.is_object() && doc.contains("resolved")) unresolved.erase(doc.value("resolved", std::string()));
     }
   };
+  // zero_copy_saves: the encoder writes its outputs into memory it lends to ECX.
+  std::shared_ptr<LentOutputs> lent_outputs;
+  if (o.config.zero_copy_saves) lent_outputs = std::make_shared<LentOutputs>(o.config.buffer_size, o.config.prefault);
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
@@ -880,13 +925,16 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         }
         if (!encoded.insert(item.mm_hash).second) continue;  // the engine encodes an item once per request
         ++result.encoder_runs;
-        buffer.resize(item.spec.nbytes());
+        auto block = lent_outputs ? lent_outputs->take(item.spec.nbytes()) : std::nullopt;
+        if (!block) buffer.resize(item.spec.nbytes());
+        const std::span<std::byte> output = block ? block->first : std::span<std::byte>(buffer);
         const auto t0 = thread_cpu_ns();
-        fill_content(item.mm_hash, buffer);
+        fill_content(item.mm_hash, output);
         result.sim_ns += thread_cpu_ns() - t0;
-        if (auto s = worker.save_cache(item.mm_hash, buffer.data(), buffer.size()); !s) {
-          log->warn("cannot stage {}: {}", item.mm_hash, s.to_string());
-        }
+        Status bound = block ? worker.lend_cache(item.mm_hash, output.data(), output.size(), std::move(block->second))
+                             : worker.save_cache(item.mm_hash, output.data(), output.size());
+        if (!bound) log->warn("cannot stage {}: {}", item.mm_hash, bound.to_string());
+        if (block) ++result.outputs_lent;
         result.bytes += item.spec.nbytes();
       }
       result.items += batch[b]->items.size();
@@ -936,6 +984,8 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   result.wall_s = duration_to_seconds(o.clock->now() - started);
   scheduler.close();
   worker.shutdown();
+  // Every lent output came back: sent, failed, or released by the shutdown.
+  if (lent_outputs) result.outputs_not_given_back = lent_outputs->outstanding();
   const auto stats = scheduler.stats();
   result.store_lookups = stats.store_lookups;
   result.store_hits = stats.store_hits;

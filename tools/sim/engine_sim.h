@@ -127,6 +127,10 @@ struct ProducerResult {
   std::uint64_t rounds = 0;
   std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: generating the encoder outputs' content
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
+  // zero_copy_saves: outputs sent from the encoder's own memory, and of those, any ECX
+  // had not given back by the end (a leak).
+  std::uint64_t outputs_lent = 0;
+  std::uint64_t outputs_not_given_back = 0;
   // Requests sent straight to the consumer, every image in the store (skip_encoder_hop).
   std::uint64_t encoder_hops_skipped = 0;
   // Cross-encoder cache.

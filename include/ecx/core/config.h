@@ -86,6 +86,7 @@ struct Config {
   bool mlock = false;
   bool prefault = false;
   bool zero_copy_loads = false;  // host loads hand the engine a view of the landed slot
+  bool zero_copy_saves = false;  // host outputs are sent from the engine's memory, not a staging copy
 
   bool is_producer() const noexcept { return role != Role::consumer; }
   bool is_consumer() const noexcept { return role != Role::producer; }

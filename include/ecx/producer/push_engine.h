@@ -8,8 +8,10 @@
 //
 // Threads: public methods may be called from any thread. bind_source copies on the
 // caller's thread (the engine may reuse its tensor as soon as the call returns);
+// lend_source registers the engine's memory instead and sends from it in place;
 // everything else is queued to the dispatcher.
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,6 +33,7 @@ struct EngineCounters {
   std::uint64_t submitted = 0;
   std::uint64_t sources_bound = 0;
   std::uint64_t sources_unused = 0;     // bound, but no push wanted that content
+  std::uint64_t sources_lent = 0;       // of those bound, sent from the engine's memory (lend_source)
   std::uint64_t staging_failures = 0;   // the staging pool was full or the copy failed
   std::uint64_t topology_failures = 0;  // pushes failed because the consumer could not be discovered
   std::uint64_t bytes_staged = 0;
@@ -57,6 +60,11 @@ class PushEngine {
   // of that content; they appear in drain_failures().
   Status bind_source(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
                      SourceMemory memory = SourceMemory::host);
+  // Zero-copy binding of a host output: ECX registers the engine's memory and sends
+  // from it in place; the engine keeps the bytes alive and unchanged until `release`
+  // runs (on ECX's dispatcher thread, or in shutdown), once no push needs them. Where
+  // the memory cannot be registered, a copy is staged and `release` runs at once.
+  Status lend_source(std::string_view mm_hash, const void* data, std::uint64_t nbytes, std::function<void()> release);
   // The engine finished these requests: their pushes that never got a source are
   // cancelled on the consumer (abandon), the others continue.
   void requests_finished(std::span<const std::string> request_ids);

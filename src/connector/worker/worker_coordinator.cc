@@ -304,6 +304,17 @@ Status WorkerCoordinator::save_cache(std::string_view mm_hash, const void* data,
   return bound;
 }
 
+Status WorkerCoordinator::lend_cache(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
+                                     std::function<void()> release) {
+  if (!pushes_ || !config_.zero_copy_saves) {
+    Status bound = save_cache(mm_hash, data, nbytes, producer::SourceMemory::host);
+    if (release) release();
+    return bound;
+  }
+  if (store_) publish(mm_hash, data, nbytes, producer::SourceMemory::host);  // copies what it keeps
+  return pushes_->lend_source(mm_hash, data, nbytes, std::move(release));
+}
+
 void WorkerCoordinator::publish(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
                                 producer::SourceMemory memory) {
   auto it = store_->wanted.find(std::string(mm_hash));

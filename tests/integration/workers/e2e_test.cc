@@ -34,6 +34,7 @@ struct Workload {
   std::uint64_t seed = 7;
   std::string pool = "512MiB";
   std::string ucx_mode = "am";
+  bool zero_copy = false;  // the producer lends its outputs (zero_copy_saves)
 };
 
 // The consumer waits for a push as long as the producer (`ecx demo --role producer`,
@@ -59,7 +60,7 @@ Config consumer_config(int tp, int port, const std::string& pool, const json& ex
 }
 
 std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& consumer, int port) {
-  return {std::string(ECX_BINARY_DIR) + "/bin/ecx",
+  std::vector<std::string> argv{std::string(ECX_BINARY_DIR) + "/bin/ecx",
           "demo",
           "--role",
           "producer",
@@ -88,6 +89,8 @@ std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& con
           "120",
           "--ucx-mode",
           w.ucx_mode};
+  if (w.zero_copy) argv.emplace_back("--zero-copy");
+  return argv;
 }
 
 // One consumer (this process, `tp` ranks) fed by one producer process over the whole
@@ -96,6 +99,7 @@ std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& con
 struct ProducerRun {
   ConsumerResult result;
   std::optional<int> producer_exit;
+  json producer_result;  // the producer's {"event": "result", ...} line
   decltype(stages::snapshot()) stages_before{};
 };
 
@@ -112,6 +116,10 @@ void run_with_producer(const Workload& w, int tp, const json& extra, ProducerRun
   run.stages_before = stages::snapshot();
   run.result = (*consumer)->run();
   run.producer_exit = producer->wait(std::chrono::seconds(60));
+  while (auto line = producer->read_line(std::chrono::seconds(1))) {
+    auto doc = json::parse(*line, nullptr, false);
+    if (doc.is_object() && doc.value("event", "") == "result") run.producer_result = std::move(doc);
+  }
 }
 
 // Every request of `w` ready, byte for byte, and nothing left held.
@@ -179,14 +187,20 @@ TEST(EndToEndEventLoss, ReadinessEventsLostToAFullBacklogAreRecoveredByAskingThe
 // zero_copy_loads: the engine keeps views of the landed slots as its encoder-cache
 // entries. Every item is still read byte for byte from them, and every slot comes back
 // to its pool once the engine drops the entry (no leaked pool bytes at the end).
-TEST(EndToEndZeroCopyLoads, TheEngineReadsTheLandedSlotsAndGivesEveryOneBack) {
+// With zero_copy_saves the producer lends its outputs: each is sent from the encoder's
+// own memory and given back once its pushes are done (the producer exits 1 if any
+// was not).
+TEST(EndToEndZeroCopy, BothEnginesShareTheirMemoryWithECXAndGetEveryByteOfItBack) {
   Workload w;
   w.requests = 80;
+  w.zero_copy = true;
   ProducerRun run;
   run_with_producer(w, /*tp=*/2, json{{"zero_copy_loads", true}}, run);
   if (HasFatalFailure()) return;
   expect_every_request_delivered(w, run);
   EXPECT_GT(run.result.loads_as_views, 0U);
+  EXPECT_GT(run.producer_result.value("outputs_lent", 0ULL), 0ULL) << run.producer_result.dump();
+  EXPECT_EQ(run.producer_result.value("outputs_not_given_back", 1ULL), 0ULL) << run.producer_result.dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(TensorParallel, EndToEnd,
