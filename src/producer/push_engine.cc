@@ -347,6 +347,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       return;
     }
     auto result = pushes.bind_source(command.mm_hash, command.source, command.nbytes);
+    if (std::find(result.release_sources.begin(), result.release_sources.end(), command.source) !=
+        result.release_sources.end()) {
+      count(&EngineCounters::sources_unused);  // no push waited for this content
+    }
     actions.append(std::move(result));
   }
 
@@ -811,6 +815,14 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
                 static_cast<double>(p.active));
     sink.sample("producer_staging_used_bytes", "Staging pool bytes held", metrics::SampleType::gauge, {},
                 static_cast<double>(s->staging->used_bytes()));
+    EngineCounters engine;
+    {
+      std::lock_guard lock(s->counters_mutex);
+      engine = s->engine_counters;
+    }
+    constexpr std::string_view kSources = "Encoder outputs bound: copied into the staging pool, or lent (zero_copy_saves)";
+    counter("producer_sources_total", kSources, "staged", engine.sources_bound - engine.sources_lent);
+    counter("producer_sources_total", kSources, "lent", engine.sources_lent);
   });
 }
 

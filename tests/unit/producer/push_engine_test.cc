@@ -2,6 +2,7 @@
 // (a ROUTER that reads every request and replies to none, with the reference's 30 s
 // control timeout: shutdown must still end within its own budget), and a shard whose
 // data plane lands payloads the other way (the push fails, naming both).
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <vector>
@@ -175,6 +176,65 @@ TEST(PushEngineDataPlane, AShardThatLandsTheOtherWayFailsThePushNamingBoth) {
   EXPECT_EQ((*engine)->counters().pushes.direct_turned_away, 1u);
   EXPECT_EQ((*engine)->counters().pushes.payloads_sent, 2u);
   (*engine)->shutdown(1s);
+}
+
+// lend_source: the engine's memory is sent in place and given back (the release runs
+// once) whatever becomes of its pushes: a push that fails, content no push wants, or a
+// consumer that never answers until shutdown.
+TEST(PushEngineLending, ALentOutputIsGivenBackOnceWhenItsPushFails) {
+  auto handler = std::make_shared<OneSidedShard>();
+  auto shards = control::testing::start_shards(1, handler);
+  ASSERT_EQ(shards.size(), 1u);
+  auto engine = PushEngine::start(producer_config(nlohmann::json::object()));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  const std::vector<std::byte> output(spec->nbytes(), std::byte{7});
+  std::atomic<int> released{0};
+  (*engine)->submit(PushSpec{"t-lent", "h-lent", shards[0]->control_endpoint(), *spec, "r-lent"});
+  ASSERT_TRUE((*engine)->lend_source("h-lent", output.data(), output.size(), [&released] { ++released; }).ok());
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::vector<FailedSave> failures;
+  while ((failures.empty() || released.load() == 0) && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(200ms);
+    for (auto& f : (*engine)->drain_failures()) failures.push_back(std::move(f));
+  }
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(released.load(), 1) << "given back before shutdown, once";
+  EXPECT_EQ((*engine)->counters().sources_lent, 1u);
+  EXPECT_EQ((*engine)->counters().staging_used_bytes, 0u);  // nothing was copied
+  (*engine)->shutdown(1s);
+  EXPECT_EQ(released.load(), 1);
+}
+
+TEST(PushEngineLending, ContentNoPushWantsIsGivenBackAtOnce) {
+  auto engine = PushEngine::start(producer_config(nlohmann::json::object()));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  const std::vector<std::byte> output(4096, std::byte{1});
+  std::atomic<int> released{0};
+  ASSERT_TRUE((*engine)->lend_source("h-nobody", output.data(), output.size(), [&released] { ++released; }).ok());
+  ASSERT_TRUE((*engine)->wait_idle(5s));
+  EXPECT_EQ(released.load(), 1);
+  EXPECT_EQ((*engine)->counters().sources_unused, 1u);
+  (*engine)->shutdown(1s);
+  EXPECT_EQ(released.load(), 1);
+}
+
+TEST(PushEngineLending, ShutdownGivesBackWhatAPushToASilentConsumerHeld) {
+  SilentConsumer consumer;
+  const auto config = producer_config({{"control_timeout_s", 30}});
+  auto engine = PushEngine::start(config);
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  const std::vector<std::byte> output(spec->nbytes(), std::byte{7});
+  std::atomic<int> released{0};
+  (*engine)->submit(PushSpec{"t-held", "h-held", consumer.address, *spec, "r-held"});
+  ASSERT_TRUE((*engine)->lend_source("h-held", output.data(), output.size(), [&released] { ++released; }).ok());
+  ASSERT_TRUE(consumer.received_within(5s)) << "the push never reached the consumer";
+  EXPECT_EQ(released.load(), 0);  // the push still needs it
+  (*engine)->shutdown(seconds_to_duration(config.shutdown_drain_timeout_s));
+  EXPECT_EQ(released.load(), 1);
 }
 
 }  // namespace
