@@ -442,6 +442,11 @@ const std::vector<KeySpec>& key_table() {
           "engine's tensor is held until every push of it is done. Device outputs are always staged. ecx bench e2e "
           "sets it.",
           set_bool(&Config::zero_copy_saves));
+    extra("zero_copy_saves_min_bytes", "bytes", "1048576",
+          "With zero_copy_saves, outputs smaller than this are still copied into the staging pool: registering the "
+          "engine's memory for one send costs more than copying a small output (at 64 KiB lending cut ecx bench e2e's "
+          "transfers/s by a third on 2 CPUs).",
+          set_bytes(&Config::zero_copy_saves_min_bytes, 0, 1ULL << 40));
     return t;
   }();
   return table;

@@ -84,8 +84,15 @@ struct ConsumerResult {
   double wall_s = 0;
 };
 
+// How the simulated engine checks what it loaded (after the ready stamp, on the
+// engine's threads). full: every byte of every item. sampled: every block's stamp of
+// every item (a foreign, stale, misplaced or truncated payload) and every byte of one
+// item in 16 per rank; for benches, whose engine threads share the CPUs with ECX.
+enum class ContentCheck : unsigned char { full, sampled };
+
 struct ConsumerSimOptions {
   Config config;  // consumer role; layout.tp_size = ranks run here
+  ContentCheck content_check = ContentCheck::full;
   std::string admit_bind = "tcp://127.0.0.1:0";
   int producers = 1;                             // encoders feeding this consumer: done once each said so
   Duration deadline = std::chrono::minutes(10);  // the whole run

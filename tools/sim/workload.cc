@@ -21,23 +21,31 @@ inline std::uint64_t word_at(std::uint64_t seed, std::uint64_t index) {
   return z ^ (z >> 31);
 }
 
-// An item's content is its base block (4 KiB of mixed words, a function of the
-// mm_hash) repeated, with block k's first word xor-ed with a mix of k: within a block
-// every 8-byte word differs, every block differs from every other, and items differ
-// by their seed, so a misplaced, shifted, truncated or foreign payload is caught. Both
-// generating and checking it run at memcpy/memcmp speed, so the simulator stays cheap
-// next to what it measures.
+// An item's content is one body block (4 KiB of mixed words, the same for every
+// item) repeated, each block's first word replaced by a stamp: a mix of the item's
+// seed (a function of its mm_hash) and the block's index. Within a block every
+// 8-byte word differs, every block of an item differs from every other, and items
+// differ in every block's stamp, so a misplaced, shifted, truncated, stale or
+// foreign payload is caught. Generating and checking it run at memcpy/memcmp speed;
+// memory that already holds the body (prepare_content_body) needs only the stamps
+// written (stamp_content) and, for a sampled check, read (stamps_match).
 constexpr std::size_t kBlockBytes = 4096;
 constexpr std::size_t kBlockWords = kBlockBytes / 8;
+constexpr std::uint64_t kBodySeed = 0xB0D1B0D1B0D1B0D1ULL;
 
-struct Pattern {
-  std::array<std::uint64_t, kBlockWords> base{};
-  explicit Pattern(std::uint64_t seed) {
-    for (std::size_t i = 0; i < kBlockWords; ++i) base[i] = word_at(seed, i);
+struct Body {
+  std::array<std::uint64_t, kBlockWords> words{};
+  Body() {
+    for (std::size_t i = 0; i < kBlockWords; ++i) words[i] = word_at(kBodySeed, i);
   }
-  std::uint64_t first_word(std::uint64_t block) const { return base[0] ^ word_at(~base[0], block); }
-  const std::byte* bytes() const { return reinterpret_cast<const std::byte*>(base.data()); }
+  const std::byte* bytes() const { return reinterpret_cast<const std::byte*>(words.data()); }
 };
+const Body& body() {
+  static const Body b;
+  return b;
+}
+
+inline std::uint64_t stamp(std::uint64_t seed, std::uint64_t block) { return word_at(seed, block) ^ ~seed; }
 
 std::uint64_t content_seed(std::string_view mm_hash) {
   const auto seed = XXH64(mm_hash.data(), mm_hash.size(), 0x5eed);
@@ -98,24 +106,39 @@ std::uint64_t total_bytes(const std::vector<SimRequest>& requests) {
   return total;
 }
 
-void fill_content(std::string_view mm_hash, std::span<std::byte> out) {
-  const Pattern pattern(content_seed(mm_hash));
-  for (std::size_t offset = 0, block = 0; offset < out.size(); offset += kBlockBytes, ++block) {
-    const std::size_t n = std::min(kBlockBytes, out.size() - offset);
-    std::memcpy(out.data() + offset, pattern.bytes(), n);
-    const std::uint64_t first = pattern.first_word(block);
-    std::memcpy(out.data() + offset, &first, std::min<std::size_t>(8, n));
+void prepare_content_body(std::span<std::byte> out) {
+  for (std::size_t offset = 0; offset < out.size(); offset += kBlockBytes) {
+    std::memcpy(out.data() + offset, body().bytes(), std::min(kBlockBytes, out.size() - offset));
   }
 }
 
-bool content_matches(std::string_view mm_hash, std::span<const std::byte> data) {
-  const Pattern pattern(content_seed(mm_hash));
+void stamp_content(std::string_view mm_hash, std::span<std::byte> out) {
+  const std::uint64_t seed = content_seed(mm_hash);
+  for (std::size_t offset = 0, block = 0; offset < out.size(); offset += kBlockBytes, ++block) {
+    const std::uint64_t word = stamp(seed, block);
+    std::memcpy(out.data() + offset, &word, std::min<std::size_t>(8, out.size() - offset));
+  }
+}
+
+void fill_content(std::string_view mm_hash, std::span<std::byte> out) {
+  prepare_content_body(out);
+  stamp_content(mm_hash, out);
+}
+
+bool stamps_match(std::string_view mm_hash, std::span<const std::byte> data) {
+  const std::uint64_t seed = content_seed(mm_hash);
   for (std::size_t offset = 0, block = 0; offset < data.size(); offset += kBlockBytes, ++block) {
+    const std::uint64_t word = stamp(seed, block);
+    if (std::memcmp(data.data() + offset, &word, std::min<std::size_t>(8, data.size() - offset)) != 0) return false;
+  }
+  return true;
+}
+
+bool content_matches(std::string_view mm_hash, std::span<const std::byte> data) {
+  if (!stamps_match(mm_hash, data)) return false;
+  for (std::size_t offset = 0; offset < data.size(); offset += kBlockBytes) {
     const std::size_t n = std::min(kBlockBytes, data.size() - offset);
-    const std::uint64_t first = pattern.first_word(block);
-    const std::size_t head = std::min<std::size_t>(8, n);
-    if (std::memcmp(data.data() + offset, &first, head) != 0) return false;
-    if (n > head && std::memcmp(data.data() + offset + head, pattern.bytes() + head, n - head) != 0) return false;
+    if (n > 8 && std::memcmp(data.data() + offset + 8, body().bytes() + 8, n - 8) != 0) return false;
   }
   return true;
 }

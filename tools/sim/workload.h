@@ -46,8 +46,15 @@ struct WorkloadOptions {
 std::vector<SimRequest> make_workload(const WorkloadOptions& options);
 std::uint64_t total_bytes(const std::vector<SimRequest>& requests);
 
-// Deterministic content of an image: a function of its mm_hash only.
+// Deterministic content of an image: a function of its mm_hash only (see workload.cc).
 void fill_content(std::string_view mm_hash, std::span<std::byte> out);
 bool content_matches(std::string_view mm_hash, std::span<const std::byte> data);
+// The same content in two steps, for memory an engine reuses (a 4 KiB-aligned arena):
+// the body every item shares, written once, then each item's per-block stamps.
+void prepare_content_body(std::span<std::byte> out);
+void stamp_content(std::string_view mm_hash, std::span<std::byte> out);
+// Only the stamps: catches a foreign, stale, misplaced or truncated payload, not a
+// corrupted byte inside a block (content_matches does).
+bool stamps_match(std::string_view mm_hash, std::span<const std::byte> data);
 
 }  // namespace ecx::sim

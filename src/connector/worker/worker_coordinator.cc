@@ -306,7 +306,7 @@ Status WorkerCoordinator::save_cache(std::string_view mm_hash, const void* data,
 
 Status WorkerCoordinator::lend_cache(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
                                      std::function<void()> release) {
-  if (!pushes_ || !config_.zero_copy_saves) {
+  if (!pushes_ || !config_.zero_copy_saves || nbytes < config_.zero_copy_saves_min_bytes) {
     Status bound = save_cache(mm_hash, data, nbytes, producer::SourceMemory::host);
     if (release) release();
     return bound;

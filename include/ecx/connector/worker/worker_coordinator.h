@@ -119,8 +119,9 @@ class WorkerCoordinator {
   Status save_cache(std::string_view mm_hash, const void* data, std::uint64_t nbytes,
                     producer::SourceMemory memory = producer::SourceMemory::host);
   // A host output the engine can keep unchanged until `release` runs (from ECX's
-  // thread): with zero_copy_saves it is sent from in place (PushEngine::lend_source);
-  // otherwise it is copied like save_cache and `release` runs before this returns.
+  // thread): with zero_copy_saves (from zero_copy_saves_min_bytes) it is sent from in
+  // place (PushEngine::lend_source); otherwise it is copied like save_cache and
+  // `release` runs before this returns.
   Status lend_cache(std::string_view mm_hash, const void* data, std::uint64_t nbytes, std::function<void()> release);
   StoreWorkerCounters store_counters() const;
   // Waits (real time) until every offered output is published or dropped.
