@@ -114,14 +114,10 @@ Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& hos
   // what the bench measures. The simulated engines are host engines that share their
   // memory with ECX, as CPU engines can: the consumer keeps views of the landed slots
   // (zero_copy_loads), the producer lends its outputs (zero_copy_saves).
-  json extra{{"checksum", o.checksum},
-             {"prefault", true},
-             {"zero_copy_loads", true},
-             {"zero_copy_saves", true},
-             {"push_wait_timeout_s", 60},
-             {"control_timeout_s", 10},
-             {"shutdown_drain_timeout_s", 5},
-             {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
+  json extra{{"checksum", o.checksum},        {"prefault", true},
+             {"zero_copy_loads", true},       {"zero_copy_saves", true},
+             {"push_wait_timeout_s", 60},     {"control_timeout_s", 10},
+             {"shutdown_drain_timeout_s", 5}, {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
   if (!o.extra.empty()) {
     json overrides = json::parse(o.extra, nullptr, false);
     if (overrides.is_discarded() || !overrides.is_object()) {

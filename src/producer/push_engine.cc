@@ -494,8 +494,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     std::weak_ptr<State> weak = weak_from_this();
     const auto [region, offset] = staging->location(source, staging_region);
     const auto status = transport->write(
-        *endpoint, region, offset, p.nbytes, data.base + p.slot_offset,
-        clock->now() + config.push_wait_timeout(),
+        *endpoint, region, offset, p.nbytes, data.base + p.slot_offset, clock->now() + config.push_wait_timeout(),
         [weak, p](Status result) {
           if (auto s = weak.lock()) s->enqueue(WriteSettled{p, std::move(result)});
         },
@@ -612,10 +611,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       const TimePoint deadline = clock->now() + config.push_wait_timeout();
       // A direct payload needs the shard's verdict: it may turn the payload away.
       const auto [region, offset] = staging->location(*source, staging_region);
-      const auto status = p.direct ? transport->send_confirmed(*endpoint, bytes, region, offset, p.nbytes, deadline,
-                                                               std::move(on_sent))
-                                   : transport->send(*endpoint, bytes, region, offset, p.nbytes, deadline,
-                                                     std::move(on_sent));
+      const auto status =
+          p.direct ? transport->send_confirmed(*endpoint, bytes, region, offset, p.nbytes, deadline, std::move(on_sent))
+                   : transport->send(*endpoint, bytes, region, offset, p.nbytes, deadline, std::move(on_sent));
       if (!status) more.append(pushes.on_payload_result(p.transfer_id, p.shard, status));
     }
   }
@@ -820,7 +818,8 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
       std::lock_guard lock(s->counters_mutex);
       engine = s->engine_counters;
     }
-    constexpr std::string_view kSources = "Encoder outputs bound: copied into the staging pool, or lent (zero_copy_saves)";
+    constexpr std::string_view kSources =
+        "Encoder outputs bound: copied into the staging pool, or lent (zero_copy_saves)";
     counter("producer_sources_total", kSources, "staged", engine.sources_bound - engine.sources_lent);
     counter("producer_sources_total", kSources, "lent", engine.sources_lent);
   });

@@ -60,7 +60,8 @@ class StagingArea {
   // The region and offset a send of this source names.
   std::pair<transport::RegionHandle, std::uint64_t> location(const Source& source,
                                                              transport::RegionHandle staging_region) const {
-    return source.lent ? std::pair{source.lent_region, std::uint64_t{0}} : std::pair{staging_region, source.slot.offset};
+    return source.lent ? std::pair{source.lent_region, std::uint64_t{0}}
+                       : std::pair{staging_region, source.slot.offset};
   }
   // The source's xxHash64, computed now if it was not while staging; nullopt for an
   // unknown source. Called by the dispatcher, the only thread that releases sources,
@@ -90,7 +91,7 @@ class StagingArea {
   pool::OffsetAllocator allocator_;
   std::unordered_map<SourceId, Source> sources_;
   std::unordered_map<SourceId, std::function<void()>> lent_releases_;
-  SourceId lent_ids_ = 0;  // lent sources are numbered apart from staged ones (slot offset + 1)
+  SourceId lent_ids_ = 0;                     // lent sources are numbered apart from staged ones (slot offset + 1)
   std::unique_ptr<pool::CudaStager> stager_;  // created on the first device copy
 };
 

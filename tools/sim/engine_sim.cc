@@ -222,8 +222,8 @@ class EncoderCache {
  private:
   static constexpr std::uint64_t kAlignment = 256;
   struct Entry {
-    pool::Slot slot;                // in the arena, unless `own`
-    std::optional<pool::Slab> own;  // an entry that did not fit the arena
+    pool::Slot slot;                           // in the arena, unless `own`
+    std::optional<pool::Slab> own;             // an entry that did not fit the arena
     std::optional<consumer::SlotLease> lease;  // a zero-copy load: the pool's slot
     std::uint64_t nbytes = 0;
   };
@@ -534,7 +534,8 @@ struct ConsumerSim::State {
     }
     for (const auto& load : meta.loads) {
       one.loads.assign(1, load);
-      workers[rank]->start_load_caches(one, allocate, adopt, [&cache](const std::string& h) { return cache.contains(h); });
+      workers[rank]->start_load_caches(one, allocate, adopt,
+                                       [&cache](const std::string& h) { return cache.contains(h); });
       rs.loaded_at[load.mm_hash] = options.clock->now();
     }
     if (!meta.store_loads.empty() || !meta.store_prefetches.empty()) {

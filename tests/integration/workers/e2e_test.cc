@@ -61,34 +61,34 @@ Config consumer_config(int tp, int port, const std::string& pool, const json& ex
 
 std::vector<std::string> producer_argv(const Workload& w, const ConsumerSim& consumer, int port) {
   std::vector<std::string> argv{std::string(ECX_BINARY_DIR) + "/bin/ecx",
-          "demo",
-          "--role",
-          "producer",
-          "--consumer",
-          consumer.control_address(),
-          "--admit",
-          consumer.admit_endpoint(),
-          "--requests",
-          std::to_string(w.requests),
-          "--min-tokens",
-          std::to_string(w.min_tokens),
-          "--max-tokens",
-          std::to_string(w.max_tokens),
-          "--hidden",
-          std::to_string(w.hidden),
-          "--repeat",
-          std::to_string(w.repeat),
-          "--log-sizes",
-          "--seed",
-          std::to_string(w.seed),
-          "--pool-size",
-          w.pool,
-          "--port",
-          std::to_string(port),
-          "--deadline",
-          "120",
-          "--ucx-mode",
-          w.ucx_mode};
+                                "demo",
+                                "--role",
+                                "producer",
+                                "--consumer",
+                                consumer.control_address(),
+                                "--admit",
+                                consumer.admit_endpoint(),
+                                "--requests",
+                                std::to_string(w.requests),
+                                "--min-tokens",
+                                std::to_string(w.min_tokens),
+                                "--max-tokens",
+                                std::to_string(w.max_tokens),
+                                "--hidden",
+                                std::to_string(w.hidden),
+                                "--repeat",
+                                std::to_string(w.repeat),
+                                "--log-sizes",
+                                "--seed",
+                                std::to_string(w.seed),
+                                "--pool-size",
+                                w.pool,
+                                "--port",
+                                std::to_string(port),
+                                "--deadline",
+                                "120",
+                                "--ucx-mode",
+                                w.ucx_mode};
   if (w.zero_copy) argv.emplace_back("--zero-copy");
   return argv;
 }
@@ -150,7 +150,7 @@ TEST_P(EndToEnd, EveryItemArrivesBitExactAndThePoolEndsFree) {
   if (HasFatalFailure()) return;
   ASSERT_TRUE(run.result.producer_done) << "the producer never said it was done";
   expect_every_request_delivered(w, run);
-  EXPECT_GE(run.result.items_ready, 400U);  // 200 requests of 1..4 images
+  EXPECT_GE(run.result.items_ready, 400U);   // 200 requests of 1..4 images
   EXPECT_EQ(run.result.loads_as_views, 0U);  // copies, by default
   // This process is the consumer instance: it recorded each of its stages, at most
   // once per item and rank (repeats served from the resident cache or already in the

@@ -1,10 +1,14 @@
 // PushEngine against real ZeroMQ peers on loopback: a consumer that stops answering
 // (a ROUTER that reads every request and replies to none, with the reference's 30 s
-// control timeout: shutdown must still end within its own budget), and a shard whose
-// data plane lands payloads the other way (the push fails, naming both).
+// control timeout: shutdown must still end within its own budget), a shard whose
+// data plane lands payloads the other way (the push fails, naming both), and lent
+// outputs (lend_source) given back once whatever becomes of their pushes.
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -146,64 +150,72 @@ class OneSidedShard : public control::testing::TestHandler {
   }
 };
 
-TEST(PushEngineDataPlane, AShardThatLandsTheOtherWayFailsThePushNamingBoth) {
-  auto handler = std::make_shared<OneSidedShard>();
-  auto shards = control::testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  auto engine = PushEngine::start(producer_config(nlohmann::json::object()));
-  ASSERT_TRUE(engine) << engine.status().to_string();
-
-  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
-  ASSERT_TRUE(spec);
-  const std::vector<std::byte> output(spec->nbytes(), std::byte{7});
-  const std::string consumer = shards[0]->control_endpoint();
-  (*engine)->submit(PushSpec{"t-mismatch", "h-mismatch", consumer, *spec, "r-mismatch"});
-  ASSERT_TRUE((*engine)->bind_source("h-mismatch", output.data(), output.size()).ok());
-
-  // The failure is reported, not thrown; wait (bounded) for the push to end.
+// Waits (bounded) until a push failed and `also` holds; the failures reported so far.
+std::vector<FailedSave> wait_for_failures(
+    PushEngine& engine, const std::function<bool()>& also = [] { return true; }) {
   std::vector<FailedSave> failures;
   const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (failures.empty() && std::chrono::steady_clock::now() < deadline) {
-    (*engine)->wait_idle(200ms);
-    for (auto& f : (*engine)->drain_failures()) failures.push_back(std::move(f));
+  while ((failures.empty() || !also()) && std::chrono::steady_clock::now() < deadline) {
+    engine.wait_idle(200ms);
+    for (auto& f : engine.drain_failures()) failures.push_back(std::move(f));
   }
+  return failures;
+}
+
+// An engine whose one consumer shard lands payloads the other way: every push to it fails.
+class MismatchedShard : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    shards = control::testing::start_shards(1, std::make_shared<OneSidedShard>());
+    ASSERT_EQ(shards.size(), 1u);
+    auto started = PushEngine::start(producer_config(nlohmann::json::object()));
+    ASSERT_TRUE(started) << started.status().to_string();
+    engine = std::move(*started);
+    auto made = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+    ASSERT_TRUE(made);
+    spec = *made;
+    output.assign(spec->nbytes(), std::byte{7});
+  }
+  void submit(const std::string& name) {
+    engine->submit(PushSpec{"t-" + name, "h-" + name, shards[0]->control_endpoint(), *spec, "r-" + name});
+  }
+
+  std::vector<std::unique_ptr<control::ControlServer>> shards;
+  std::unique_ptr<PushEngine> engine;
+  std::optional<TensorSpec> spec;
+  std::vector<std::byte> output;
+};
+
+TEST_F(MismatchedShard, ThePushFailsNamingBothLandings) {
+  submit("mismatch");
+  ASSERT_TRUE(engine->bind_source("h-mismatch", output.data(), output.size()).ok());
+
+  // The failure is reported, not thrown.
+  const auto failures = wait_for_failures(*engine);
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].transfer_id, "t-mismatch");
   EXPECT_NE(failures[0].reason.find("'mooncake' (sender-chosen landing)"), std::string::npos) << failures[0].reason;
   EXPECT_NE(failures[0].reason.find("(receiver-chosen landing)"), std::string::npos) << failures[0].reason;
   // Decided, then refused before any byte moved: the small item's direct payload first,
   // then the payload the fallback reserve decided on.
-  EXPECT_EQ((*engine)->counters().pushes.direct_turned_away, 1u);
-  EXPECT_EQ((*engine)->counters().pushes.payloads_sent, 2u);
-  (*engine)->shutdown(1s);
+  EXPECT_EQ(engine->counters().pushes.direct_turned_away, 1u);
+  EXPECT_EQ(engine->counters().pushes.payloads_sent, 2u);
+  engine->shutdown(1s);
 }
 
 // lend_source: the engine's memory is sent in place and given back (the release runs
 // once) whatever becomes of its pushes: a push that fails, content no push wants, or a
 // consumer that never answers until shutdown.
-TEST(PushEngineLending, ALentOutputIsGivenBackOnceWhenItsPushFails) {
-  auto handler = std::make_shared<OneSidedShard>();
-  auto shards = control::testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  auto engine = PushEngine::start(producer_config(nlohmann::json::object()));
-  ASSERT_TRUE(engine) << engine.status().to_string();
-  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
-  ASSERT_TRUE(spec);
-  const std::vector<std::byte> output(spec->nbytes(), std::byte{7});
+TEST_F(MismatchedShard, ALentOutputIsGivenBackOnceWhenItsPushFails) {
   std::atomic<int> released{0};
-  (*engine)->submit(PushSpec{"t-lent", "h-lent", shards[0]->control_endpoint(), *spec, "r-lent"});
-  ASSERT_TRUE((*engine)->lend_source("h-lent", output.data(), output.size(), [&released] { ++released; }).ok());
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  std::vector<FailedSave> failures;
-  while ((failures.empty() || released.load() == 0) && std::chrono::steady_clock::now() < deadline) {
-    (*engine)->wait_idle(200ms);
-    for (auto& f : (*engine)->drain_failures()) failures.push_back(std::move(f));
-  }
+  submit("lent");
+  ASSERT_TRUE(engine->lend_source("h-lent", output.data(), output.size(), [&released] { ++released; }).ok());
+  const auto failures = wait_for_failures(*engine, [&released] { return released.load() > 0; });
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(released.load(), 1) << "given back before shutdown, once";
-  EXPECT_EQ((*engine)->counters().sources_lent, 1u);
-  EXPECT_EQ((*engine)->counters().staging_used_bytes, 0u);  // nothing was copied
-  (*engine)->shutdown(1s);
+  EXPECT_EQ(engine->counters().sources_lent, 1u);
+  EXPECT_EQ(engine->counters().staging_used_bytes, 0u);  // nothing was copied
+  engine->shutdown(1s);
   EXPECT_EQ(released.load(), 1);
 }
 
