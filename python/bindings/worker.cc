@@ -165,7 +165,9 @@ class PyWorker {
         if (r.size() != 3) return invalid_argument("allocate must return (data_ptr, is_cuda, device)");
         const auto ptr = r[0].cast<std::uintptr_t>();
         if (ptr == 0) return invalid_argument("allocate returned a null data pointer");
-        return worker::LoadDestination{reinterpret_cast<void*>(ptr), r[1].cast<bool>(), r[2].cast<int>()};
+        // Python hands tensors over as addresses.
+        return worker::LoadDestination{reinterpret_cast<void*>(ptr),  // NOLINT(performance-no-int-to-ptr)
+                                       r[1].cast<bool>(), r[2].cast<int>()};
       } catch (py::error_already_set& e) {
         return internal_error(std::string("allocate raised: ") + e.what());
       } catch (const py::cast_error& e) {
@@ -216,9 +218,9 @@ class PyWorker {
     WorkerCoordinator& w = impl();
     Status s;
     {
-      py::gil_scoped_release release;  // synchronous copy into the staging pool
-      s = w.save_cache(mm_hash, reinterpret_cast<const void*>(data_ptr), nbytes,
-                       cuda ? producer::SourceMemory::cuda : producer::SourceMemory::host);
+      py::gil_scoped_release release;                                     // synchronous copy into the staging pool
+      s = w.save_cache(mm_hash, reinterpret_cast<const void*>(data_ptr),  // NOLINT(performance-no-int-to-ptr)
+                       nbytes, cuda ? producer::SourceMemory::cuda : producer::SourceMemory::host);
     }
     if (s) return std::nullopt;
     return s.to_string();
@@ -234,8 +236,9 @@ class PyWorker {
     auto held = std::make_shared<LentOwner>(std::move(owner), lent_owners_);
     Status s;
     {
-      py::gil_scoped_release release;  // registration (or the staging copy)
-      s = w.lend_cache(mm_hash, reinterpret_cast<const void*>(data_ptr), nbytes, [held] { held->release(); });
+      py::gil_scoped_release release;                                     // registration (or the staging copy)
+      s = w.lend_cache(mm_hash, reinterpret_cast<const void*>(data_ptr),  // NOLINT(performance-no-int-to-ptr)
+                       nbytes, [held] { held->release(); });
     }
     lent_owners_->drop_released();  // copied instead: given back already
     if (s) return std::nullopt;
