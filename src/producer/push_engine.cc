@@ -182,7 +182,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       log->warn("a lent source's registration could not be removed ({}); its memory is given back anyway",
                 s.to_string());
     }
-    if (lent.on_release) lent.on_release();
+    lent.give_back();
   }
   void retry_parked_lent() {
     auto parked_now = std::move(lent_parked);
@@ -731,7 +731,7 @@ Status PushEngine::lend_source(std::string_view mm_hash, const void* data, std::
   if (!s.enqueue(BindCommand{std::string(mm_hash), id, nbytes})) {
     if (auto lent = s.staging->release(id)) {  // never sent: its registration goes at once
       (void)s.transport->deregister_region(lent->region);
-      if (lent->on_release) lent->on_release();
+      lent->give_back();
     }
     return resource_exhausted("the producer's queue is full");
   }
@@ -866,9 +866,7 @@ void PushEngine::shutdown(Duration timeout) {
   // The data plane is gone: nothing reads the engine's lent memory any more.
   auto lent = std::move(s.lent_parked);
   for (auto& rest : s.staging->release_all_lent()) lent.push_back(std::move(rest));
-  for (auto& l : lent) {
-    if (l.on_release) l.on_release();
-  }
+  for (auto& l : lent) l.give_back();
 }
 
 }  // namespace ecx::producer

@@ -114,13 +114,17 @@ std::optional<StagingArea::LentRelease> StagingArea::release(SourceId id) {
   if (it == sources_.end()) return std::nullopt;
   std::optional<LentRelease> lent;
   if (it->second.lent) {
-    auto callback = lent_releases_.extract(id);
-    lent = LentRelease{it->second.lent_region, callback.empty() ? nullptr : std::move(callback.mapped())};
+    lent = take_lent(id, it->second);
   } else {
     (void)allocator_.free(it->second.slot);
   }
   sources_.erase(it);
   return lent;
+}
+
+StagingArea::LentRelease StagingArea::take_lent(SourceId id, const Source& source) {
+  auto callback = lent_releases_.extract(id);
+  return LentRelease{source.lent_region, callback.empty() ? nullptr : std::move(callback.mapped())};
 }
 
 std::vector<StagingArea::LentRelease> StagingArea::release_all_lent() {
@@ -131,8 +135,7 @@ std::vector<StagingArea::LentRelease> StagingArea::release_all_lent() {
       ++it;
       continue;
     }
-    auto callback = lent_releases_.extract(it->first);
-    out.push_back(LentRelease{it->second.lent_region, callback.empty() ? nullptr : std::move(callback.mapped())});
+    out.push_back(take_lent(it->first, it->second));
     it = sources_.erase(it);
   }
   return out;

@@ -45,6 +45,9 @@ class StagingArea {
   struct LentRelease {
     transport::RegionHandle region;
     std::function<void()> on_release;
+    void give_back() {
+      if (on_release) on_release();
+    }
   };
 
   static Result<std::unique_ptr<StagingArea>> create(const Config& config, std::shared_ptr<const Clock> clock);
@@ -80,6 +83,8 @@ class StagingArea {
  private:
   StagingArea(const Config& config, std::shared_ptr<const Clock> clock, pool::Slab slab, pool::MemoryKind kind);
   Status copy_from_device(const void* data, std::byte* destination, std::uint64_t nbytes);
+  // Under mutex_: the lent source's release, its callback taken out of the table.
+  LentRelease take_lent(SourceId id, const Source& source);
 
   static constexpr SourceId kLentBit = SourceId{1} << 63;
 
