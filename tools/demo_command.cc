@@ -229,6 +229,8 @@ int run_producer(const DemoOptions& o) {
                    {"failed_saves", r->failed_saves},
                    {"retry_afters", r->retry_afters},
                    {"yields", r->yields},
+                   {"direct_sent", r->direct_sent},
+                   {"direct_turned_away", r->direct_turned_away},
                    {"rounds", r->rounds},
                    {"encoder_runs", r->encoder_runs},
                    {"outputs_lent", r->outputs_lent},
@@ -644,6 +646,9 @@ int run_demo(const DemoOptions& options) {
                {"producer_failed_saves", producer_result ? producer_result->value("failed_saves", 0ULL) : 0ULL},
                {"producer_retry_afters", producer_result ? producer_result->value("retry_afters", 0ULL) : 0ULL},
                {"producer_yields", producer_result ? producer_result->value("yields", 0ULL) : 0ULL},
+               {"producer_direct_sent", producer_result ? producer_result->value("direct_sent", 0ULL) : 0ULL},
+               {"producer_direct_turned_away",
+                producer_result ? producer_result->value("direct_turned_away", 0ULL) : 0ULL},
                {"tp", o.tp},
                {"encoders", o.encoders},
                {"cross_encoder_cache", o.cross_encoder_cache},
@@ -710,6 +715,9 @@ int run_demo(const DemoOptions& options) {
   row("producer retry-afters", std::to_string(summary["producer_retry_afters"].get<std::uint64_t>()),
       fmt::format("{} reserved slots given back while a sibling shard waited",
                   summary["producer_yields"].get<std::uint64_t>()));
+  row("payloads sent unreserved", std::to_string(summary["producer_direct_sent"].get<std::uint64_t>()),
+      fmt::format("{} turned away by a full or already-holding shard, then reserved",
+                  summary["producer_direct_turned_away"].get<std::uint64_t>()));
   row("reserves held for space", fmt::format("{}", summary["consumer_reserves_held"].get<std::uint64_t>()),
       fmt::format("{} placed when space freed, {} answered retry at the end of the hold",
                   summary["consumer_held_reserves_placed"].get<std::uint64_t>(),

@@ -315,12 +315,14 @@ const std::vector<KeySpec>& key_table() {
           "Producer: a shard refused again with retry_after waits twice as long as the time before (with jitter), "
           "up to this many milliseconds, instead of retrying every retry_after_ms.",
           set_integer(&Config::retry_backoff_max_ms, 1, 60'000));
-    extra("direct_payload_max_bytes", "bytes", "131072",
+    extra("direct_payload_max_bytes", "bytes", "1073741824",
           "Producer: an item of at most this many bytes goes to each shard without a reservation first (a direct "
           "payload); the shard reserves for it on arrival, and one it turns away (pool full, content already "
-          "there) is reserved the usual way. Saves the reserve round trip for small items. Needs the ucx data "
-          "plane in am mode; 0 turns it off.",
-          set_bytes(&Config::direct_payload_max_bytes, 0, 64ULL << 20));
+          "there) is reserved the usual way. Saves the reserve round trip: a small item travels in one message, a "
+          "rendezvous one has its landing chosen when its first message arrives (one turned away moves no payload "
+          "bytes). A push to several shards (TP) goes direct only up to 128 KiB, since it must hold every shard's "
+          "slot or none. Needs the ucx data plane in am mode; 0 turns it off.",
+          set_bytes(&Config::direct_payload_max_bytes, 0, 1ULL << 40));
     extra("transport", "enum", "ucx", "Data plane: ucx or mooncake.",
           set_enum(&Config::transport, {"ucx", "mooncake"}));
     extra("ucx_mode", "enum", "am",

@@ -484,7 +484,13 @@ Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
   sourceless_by_hash_[spec.mm_hash].insert(spec.transfer_id);
   if (!spec.request_id.empty()) by_request_[spec.request_id].insert(spec.transfer_id);
   ++counters_.started;
-  const bool direct = options_.direct_max_bytes > 0 && spec.spec.nbytes() <= options_.direct_max_bytes;
+  // A push to several shards must hold every shard's slot or none: one landed
+  // unreserved on one shard while its sibling has no room would pin that room, and
+  // shards full of such halves wait on each other (the reserve path gives a slot
+  // back instead). Only items far smaller than any pool go direct to several shards.
+  const std::uint64_t direct_max =
+      shard_count > 1 ? std::min(options_.direct_max_bytes, kDirectMaxBytesAcrossShards) : options_.direct_max_bytes;
+  const bool direct = direct_max > 0 && spec.spec.nbytes() <= direct_max;
   for (int i = 0; i < shard_count; ++i) {
     if (!direct) {
       send_reserve(push, i, out);

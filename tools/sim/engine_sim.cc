@@ -1002,6 +1002,8 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;
   result.yields = counters.pushes.yields;
+  result.direct_sent = counters.pushes.direct_sent;
+  result.direct_turned_away = counters.pushes.direct_turned_away;
   // Counted from the push engine: a failure after its request finished names no
   // request any more, so the worker metadata's failed_saves would miss it.
   result.failed_saves = counters.pushes.failed + counters.topology_failures + counters.staging_failures;

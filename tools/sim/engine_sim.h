@@ -131,6 +131,8 @@ struct ProducerResult {
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
   std::uint64_t yields = 0;  // reserved slots given back while a sibling shard of the push waited for space
+  std::uint64_t direct_sent = 0;         // payloads sent without a reservation first
+  std::uint64_t direct_turned_away = 0;  // of those, turned away by the shard (then reserved)
   std::uint64_t rounds = 0;
   std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: generating the encoder outputs' content
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded

@@ -15,9 +15,10 @@
 //   - a source is released only when no payload send may still read it;
 //   - failures are reported through drain_failures(), never thrown;
 //   - pushes that never got a source are cancelled when their requests finish;
-//   - an item of at most direct_max_bytes skips the reserve: its payload goes to each
-//     shard as soon as the source is there, and a shard that turns it away (or that
-//     cannot be reached) is reserved the usual way, once.
+//   - an item of at most direct_max_bytes (kDirectMaxBytesAcrossShards when the push
+//     goes to several shards) skips the reserve: its payload goes to each shard as soon
+//     as the source is there, and a shard that turns it away (or that cannot be
+//     reached) is reserved the usual way, once.
 
 #include <cstdint>
 #include <memory>
@@ -141,6 +142,10 @@ struct FailedSave {
   std::string reason;
 };
 
+// The largest item a push to several shards sends without reserving first: small
+// against any pool, so halves landed on one shard while a sibling is full cannot fill it.
+inline constexpr std::uint64_t kDirectMaxBytesAcrossShards = 128ULL * 1024;
+
 struct PushOptions {
   Duration push_deadline = std::chrono::seconds(60);   // reserve retries and inputs must finish by then
   Duration refresh_after = std::chrono::seconds(150);  // re-reserve destinations older than this before sending
@@ -151,6 +156,8 @@ struct PushOptions {
   int max_shards = 64;
   Duration retry_backoff_max = std::chrono::milliseconds(200);  // longest wait between two reserves of a shard
   std::uint64_t direct_max_bytes = 0;  // items up to this size go without a reserve first (0 = never)
+  // ... to one shard; a push to several shards (TP) goes direct only up to the
+  // smaller of direct_max_bytes and kDirectMaxBytesAcrossShards.
   // push_wait_timeout_s as the deadline, reservation_ttl_s / 2 as refresh_after,
   // reservation_ttl_s as terminal_ttl (the consumer keeps its tombstones as long),
   // retry_backoff_max_ms as retry_backoff_max, direct_payload_max_bytes as

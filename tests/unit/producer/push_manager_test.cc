@@ -577,7 +577,7 @@ TEST(Push, OptionsFollowTheConfiguration) {
   EXPECT_EQ(o.push_deadline, 12s);
   EXPECT_EQ(o.refresh_after, 50s);
   EXPECT_EQ(o.terminal_ttl, 100s);
-  EXPECT_EQ(o.direct_max_bytes, 128u * 1024);
+  EXPECT_EQ(o.direct_max_bytes, 1ULL << 30);
   c.ucx_mode = "put";  // its sends cannot be confirmed: no direct payloads
   EXPECT_EQ(PushOptions::from_config(c).direct_max_bytes, 0u);
   c.ucx_mode = "am";
@@ -617,6 +617,20 @@ TEST(Direct, ASmallItemSkipsTheReserveAndGoesOutWithItsSource) {
 TEST(Direct, ALargerItemReservesFirst) {
   Fixture f(direct_up_to(999));
   EXPECT_EQ(f.start(push("t"), 2).reserves.size(), 2u);
+}
+
+// One shard: any item up to the limit goes direct. Several shards: a push holds every
+// shard's slot or none, so only items up to kDirectMaxBytesAcrossShards skip the reserve.
+TEST(Direct, ALargeItemGoesDirectToOneShardButReservesFirstAcrossSeveral) {
+  Fixture f(direct_up_to(1ULL << 30));
+  const std::int64_t large = static_cast<std::int64_t>(kDirectMaxBytesAcrossShards) + 2;
+  const std::int64_t small = static_cast<std::int64_t>(kDirectMaxBytesAcrossShards);
+  EXPECT_TRUE(f.start(push("one", "a", "req", large), 1).reserves.empty());
+  EXPECT_EQ(f.start(push("two", "b", "req", large), 2).reserves.size(), 2u);
+  EXPECT_TRUE(f.start(push("small", "c", "req", small), 2).reserves.empty());
+  EXPECT_EQ(f.m.shard_state_of("one", 0), Sh::reserved);
+  EXPECT_EQ(f.m.shard_state_of("two", 1), Sh::reserving);
+  f.expect_invariants();
 }
 
 TEST(Direct, AShardThatTurnsThePayloadAwayIsReservedOnceTheOtherSendsSettle) {
