@@ -323,7 +323,8 @@ struct ConsumerSim::State {
     scheduler::RequestView view;
     std::vector<Item> items;
     TimePoint admitted;
-    std::string sender;  // the producer's routing id
+    std::optional<TimePoint> encoded;  // the producer's stamp: its last output handed to ECX
+    std::string sender;                // the producer's routing id
   };
   std::map<std::string, Pending> pending;          // admitted, not yet resolved
   std::vector<std::string> order;                  // admission order of `pending`
@@ -368,6 +369,9 @@ struct ConsumerSim::State {
       }
       Pending p;
       p.admitted = options.clock->now();
+      if (const auto stamp = doc.find("encoded_at_ns"); stamp != doc.end() && stamp->is_number_integer()) {
+        p.encoded = TimePoint(Duration(stamp->get<std::int64_t>()));
+      }
       p.sender = identity.to_string();
       for (const auto& it : doc.at("items")) {
         std::vector<std::int64_t> shape = it.at("shape").get<std::vector<std::int64_t>>();
@@ -417,6 +421,9 @@ struct ConsumerSim::State {
       const TimePoint at = ready_at.value_or(options.clock->now());
       result.time_to_ready_ms.push_back(std::chrono::duration<double, std::milli>(at - it->second.admitted).count());
       result.ready_at_s.push_back(duration_to_seconds(at - run_started));
+      const auto& encoded = it->second.encoded;
+      result.encoded_to_ready_ms.push_back(encoded ? std::chrono::duration<double, std::milli>(at - *encoded).count()
+                                                   : -1.0);
     } else {
       ++result.progress.requests_failed;
       result.failed_requests.push_back(id);
@@ -944,6 +951,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       // its push is abandoned when its request finishes, and the consumer is told.
     }
     std::vector<std::string> finished;
+    std::vector<TimePoint> encoded_at;  // per request: its last output handed to ECX
     for (std::size_t b = 0; b < batch.size(); ++b) {
       std::set<std::string> encoded;
       for (const auto& item : batch[b]->items) {
@@ -971,11 +979,14 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       }
       result.items += batch[b]->items.size();
       finished.push_back(batch[b]->request_id);
+      encoded_at.push_back(o.clock->now());
     }
     worker.get_finished(finished);
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const auto params = scheduler.request_finished(views[b]);
-      json message{{"request_id", batch[b]->request_id}, {"items", json::array()}};
+      json message{{"request_id", batch[b]->request_id},
+                   {"items", json::array()},
+                   {"encoded_at_ns", encoded_at[b].time_since_epoch().count()}};
       for (const auto& item : batch[b]->items) message["items"].push_back(item_json(item));
       if (params.params) message["ec_transfer_params"] = json::parse(*params.params);
       const auto text = message.dump();

@@ -69,6 +69,10 @@ struct ConsumerResult {
   std::uint64_t readiness_recovered = 0;
   std::vector<double> time_to_ready_ms;  // one per ready request
   std::vector<double> ready_at_s;        // when each of those became ready, seconds into run()
+  // One per ready request whose producer stamped when it handed the request's last
+  // output to ECX (its clock's time, so comparable only on one host): that stamp ->
+  // ready, the whole path from the encoder. -1 where the request carried no stamp.
+  std::vector<double> encoded_to_ready_ms;
   std::vector<std::string> failed_requests;
   std::string invariant_error;  // empty when every shard's bookkeeping is consistent
   // Items sent to come from the shared store (the encoder hop skipped): loaded from it,
@@ -130,7 +134,7 @@ struct ProducerResult {
   std::uint64_t bytes = 0;
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
-  std::uint64_t yields = 0;  // reserved slots given back while a sibling shard of the push waited for space
+  std::uint64_t yields = 0;              // reserved slots given back while a sibling shard of the push waited for space
   std::uint64_t direct_sent = 0;         // payloads sent without a reservation first
   std::uint64_t direct_turned_away = 0;  // of those, turned away by the shard (then reserved)
   std::uint64_t rounds = 0;
