@@ -67,6 +67,7 @@ struct DemoOptions {
   int encoders = 1;  // producer processes, each serving its share of the requests
   bool cross_encoder_cache = false;
   bool zero_copy = false;           // engines keep views of landed slots and lend their outputs
+  std::string extra;                // a JSON object merged into every role's ec_connector_extra_config
   bool skip_encoder_hop = false;    // requests whose images are all stored go straight to the consumer
   double store_io_timeout_s = 0.5;  // store_io_timeout_s of every role
   // internal (child roles)
@@ -102,6 +103,15 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
     extra["store_prefix"] = "ecxdemo";
     extra["store_model"] = "ecx-demo-model@1";
     extra["store_io_timeout_s"] = o.store_io_timeout_s;
+  }
+  if (!o.extra.empty()) {
+    json overrides = json::parse(o.extra, nullptr, false);
+    if (overrides.is_discarded() || !overrides.is_object()) {
+      return invalid_argument(fmt::format(
+          "--extra '{}': expected a JSON object of ec_connector_extra_config keys, e.g. '{{\"reserve_hold_ms\": 0}}'",
+          o.extra));
+    }
+    extra.update(overrides);  // parse_config names any key it does not accept
   }
   json doc{{"ec_role", role_name(role)},    {"ec_ip", "127.0.0.1"},      {"ec_port", o.port},
            {"ec_buffer_size", o.pool_size}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
@@ -229,6 +239,7 @@ int run_producer(const DemoOptions& o) {
                    {"failed_saves", r->failed_saves},
                    {"retry_afters", r->retry_afters},
                    {"yields", r->yields},
+                   {"pushes_done", r->pushes_done},
                    {"direct_sent", r->direct_sent},
                    {"direct_turned_away", r->direct_turned_away},
                    {"rounds", r->rounds},
@@ -461,6 +472,7 @@ int run_demo(const DemoOptions& options) {
                                      o.checksum ? "--checksum" : "--no-checksum"};
     if (o.log_sizes) argv.emplace_back("--log-sizes");
     if (o.zero_copy) argv.emplace_back("--zero-copy");
+    if (!o.extra.empty()) argv.insert(argv.end(), {"--extra", o.extra});
     argv.insert(argv.end(), {"--encoders", std::to_string(o.encoders)});
     if (o.item_bytes > 0) argv.insert(argv.end(), {"--item-bytes", std::to_string(o.item_bytes)});
     argv.insert(argv.end(), {"--transport", std::string(data_link_name(o.transport))});
@@ -819,6 +831,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
   demo->add_flag("--zero-copy", o->zero_copy,
                  "the simulated engines keep views of the landed slots (zero_copy_loads) and lend their outputs "
                  "(zero_copy_saves) instead of copying");
+  demo->add_option("--extra", o->extra,
+                   "JSON object merged into every role's ec_connector_extra_config, e.g. "
+                   "'{\"direct_payload_max_bytes\": 0}'");
   demo->add_flag("--cross-encoder-cache", o->cross_encoder_cache,
                  "encoders share outputs through a redis-server the demo starts on loopback");
   demo->add_option("--encoder-index", o->encoder_index, "internal: this producer's index")->group("");

@@ -63,39 +63,42 @@ struct ProducerArgs {
   std::uint64_t seed = 11;
   std::string pool = "128MiB";  // the producer's staging pool
   double deadline_s = 30;
+  std::string extra;  // ec_connector_extra_config overrides (JSON object), if any
 };
 
 inline std::vector<std::string> producer_argv(const ProducerArgs& a) {
-  return {std::string(ECX_BINARY_DIR) + "/bin/ecx",
-          "demo",
-          "--role",
-          "producer",
-          "--consumer",
-          a.consumer,
-          "--admit",
-          a.admit,
-          "--requests",
-          std::to_string(a.requests),
-          "--min-images",
-          std::to_string(a.min_images),
-          "--max-images",
-          std::to_string(a.max_images),
-          "--min-tokens",
-          std::to_string(a.min_tokens),
-          "--max-tokens",
-          std::to_string(a.max_tokens),
-          "--hidden",
-          std::to_string(a.hidden),
-          "--repeat",
-          std::to_string(a.repeat),
-          "--seed",
-          std::to_string(a.seed),
-          "--pool-size",
-          a.pool,
-          "--port",
-          std::to_string(a.port),
-          "--deadline",
-          std::to_string(a.deadline_s)};
+  std::vector<std::string> argv{std::string(ECX_BINARY_DIR) + "/bin/ecx",
+                                "demo",
+                                "--role",
+                                "producer",
+                                "--consumer",
+                                a.consumer,
+                                "--admit",
+                                a.admit,
+                                "--requests",
+                                std::to_string(a.requests),
+                                "--min-images",
+                                std::to_string(a.min_images),
+                                "--max-images",
+                                std::to_string(a.max_images),
+                                "--min-tokens",
+                                std::to_string(a.min_tokens),
+                                "--max-tokens",
+                                std::to_string(a.max_tokens),
+                                "--hidden",
+                                std::to_string(a.hidden),
+                                "--repeat",
+                                std::to_string(a.repeat),
+                                "--seed",
+                                std::to_string(a.seed),
+                                "--pool-size",
+                                a.pool,
+                                "--port",
+                                std::to_string(a.port),
+                                "--deadline",
+                                std::to_string(a.deadline_s)};
+  if (!a.extra.empty()) argv.insert(argv.end(), {"--extra", a.extra});
+  return argv;
 }
 
 // The producer's final JSON line ({"event":"result", "failed_saves": ..., ...}), read

@@ -1013,6 +1013,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;
   result.yields = counters.pushes.yields;
+  result.pushes_done = counters.pushes.done;
   result.direct_sent = counters.pushes.direct_sent;
   result.direct_turned_away = counters.pushes.direct_turned_away;
   // Counted from the push engine: a failure after its request finished names no

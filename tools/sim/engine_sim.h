@@ -135,6 +135,7 @@ struct ProducerResult {
   std::uint64_t failed_saves = 0;
   std::uint64_t retry_afters = 0;
   std::uint64_t yields = 0;              // reserved slots given back while a sibling shard of the push waited for space
+  std::uint64_t pushes_done = 0;         // pushes that reached every shard
   std::uint64_t direct_sent = 0;         // payloads sent without a reservation first
   std::uint64_t direct_turned_away = 0;  // of those, turned away by the shard (then reserved)
   std::uint64_t rounds = 0;
