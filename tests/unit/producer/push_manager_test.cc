@@ -848,13 +848,14 @@ TEST(PushConcurrency, ThreadsDrivingPushesKeepTheBookkeepingConsistent) {
       if (!started.is_ok()) continue;
       f.m.on_reserve_reply(tid, 0, writer());
       f.m.on_reserve_reply(tid, 1, writer());
-      auto a = f.m.bind_source(hash, static_cast<SourceId>(id * 100000 + i), 1000);
+      auto a = f.m.bind_source(hash, static_cast<SourceId>(id) * 100000 + static_cast<SourceId>(i), 1000);
       for (const auto& p : a.payloads) f.m.on_payload_result(p.transfer_id, p.shard, Status::ok());
       f.m.tick();
       (void)f.m.drain_failures();
     }
   };
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) threads.emplace_back(run, t);
   for (auto& t : threads) t.join();
   EXPECT_FALSE(f.m.pending());
