@@ -589,7 +589,8 @@ int run_all(const E2eOptions& o) {
          "lone ratio: a lone item's GB/s by that p50 over the raw plane's by its delivery p50; sim us: the simulator's "
          "own CPU time per item, consumer engine "
          "threads (encoder-cache allocation, content check after the ready stamp: every block's stamp, every "
-         "byte of 1 item in 16) + producer (stamping the content), no part of ECX\n";
+         "byte of 1 item in 16; the admit channel's messages) + producer (stamping the content, admit messages), "
+         "no part of ECX\n";
   print_stage_table(results);
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";
   if (!o.json_file.empty()) {

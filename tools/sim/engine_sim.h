@@ -82,7 +82,8 @@ struct ConsumerResult {
   std::uint64_t store_prefetch_failures = 0;  // includes the timeouts below
   std::uint64_t store_prefetch_timeouts = 0;  // prefetches the workers never answered in time
   // CPU time of the simulator's own work on the engine threads (encoder-cache allocation, content
-  // checks), all ranks: what the bench costs itself, next to what it measures.
+  // checks, the admit channel's messages), all ranks: what the bench costs itself, next to what
+  // it measures.
   std::uint64_t sim_engine_ns = 0;
   bool producer_done = false;
   double wall_s = 0;
@@ -139,7 +140,7 @@ struct ProducerResult {
   std::uint64_t direct_sent = 0;         // payloads sent without a reservation first
   std::uint64_t direct_turned_away = 0;  // of those, turned away by the shard (then reserved)
   std::uint64_t rounds = 0;
-  std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: generating the encoder outputs' content
+  std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: the outputs' content, admit messages
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
   // zero_copy_saves: outputs sent from the encoder's own memory, and of those, any ECX
   // had not given back by the end (a leak).
