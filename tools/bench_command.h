@@ -56,6 +56,11 @@ std::string cell(const nlohmann::json& row, const char* key, int decimals);
 // Writes `series` (a JSON list of series objects) to `path`, indented.
 Status write_json_file(const std::string& path, const nlohmann::json& series);
 
+// `--extra TEXT` of ecx demo and ecx bench e2e: merges the JSON object TEXT into
+// `extra` (an ec_connector_extra_config); an error, naming the flag, when TEXT is not
+// an object. parse_config then names any key it does not accept. Empty TEXT: nothing.
+Status merge_extra_config(nlohmann::json& extra, const std::string& text);
+
 struct PlotLine {
   std::string title;
   std::vector<std::pair<double, double>> points;

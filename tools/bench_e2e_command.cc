@@ -118,16 +118,7 @@ Result<Config> e2e_config(const E2eOptions& o, Role role, const std::string& hos
              {"zero_copy_loads", true},       {"zero_copy_saves", true},
              {"push_wait_timeout_s", 60},     {"control_timeout_s", 10},
              {"shutdown_drain_timeout_s", 5}, {"ucx_peer_errors", ucx_peer_errors(o.transport)}};
-  if (!o.extra.empty()) {
-    json overrides = json::parse(o.extra, nullptr, false);
-    if (overrides.is_discarded() || !overrides.is_object()) {
-      return invalid_argument(
-          fmt::format("--extra '{}': expected a JSON object of ec_connector_extra_config keys, "
-                      "e.g. '{{\"ucx_rndv_thresh\": 262144}}'",
-                      o.extra));
-    }
-    extra.update(overrides);  // parse_config names any key it does not accept
-  }
+  if (auto merged = merge_extra_config(extra, o.extra); !merged) return merged;
   json doc{{"ec_role", role_name(role)}, {"ec_ip", host},
            {"ec_port", control_port},    {"ec_buffer_size", o.pool_size},
            {"ec_buffer_device", "cpu"},  {"ec_connector_extra_config", extra}};
@@ -291,10 +282,10 @@ int run_consumer_role(const E2eOptions& o) {
   const bool human = o.role == "consumer";
   json all = json::array();
   bool ok = true;
+  // Listening on loopback, the producer shares this host and its clock.
+  const bool same_host = address->first.starts_with("127.") || address->first == "::1" || address->first == "[::1]" ||
+                         address->first == "localhost";
   for (std::size_t k = 0; k < phases->size() && !g_stop.load(); ++k) {
-    // Listening on loopback, the producer shares this host and its clock.
-    const bool same_host = address->first.starts_with("127.") || address->first == "::1" || address->first == "[::1]" ||
-                           address->first == "localhost";
     auto result = consume_phase(o, (*phases)[k], address->first, phase_port(address->second, o.tp, k), same_host);
     if (!result) {
       std::cerr << "ecx bench e2e consumer: " << result.status().message() << "\n";

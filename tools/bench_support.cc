@@ -113,6 +113,19 @@ std::string cell(const nlohmann::json& row, const char* key, int decimals) {
   return fmt::format("{:.{}f}", found->get<double>(), decimals);
 }
 
+Status merge_extra_config(nlohmann::json& extra, const std::string& text) {
+  if (text.empty()) return Status::ok();
+  nlohmann::json overrides = nlohmann::json::parse(text, nullptr, false);
+  if (overrides.is_discarded() || !overrides.is_object()) {
+    return invalid_argument(
+        fmt::format("--extra '{}': expected a JSON object of ec_connector_extra_config keys, e.g. "
+                    "'{{\"direct_payload_max_bytes\": 0}}'",
+                    text));
+  }
+  extra.update(overrides);
+  return Status::ok();
+}
+
 Status write_json_file(const std::string& path, const nlohmann::json& series) {
   std::ofstream out(path);
   out << series.dump(2) << "\n";

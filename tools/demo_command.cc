@@ -104,15 +104,7 @@ Result<Config> demo_config(const DemoOptions& o, Role role) {
     extra["store_model"] = "ecx-demo-model@1";
     extra["store_io_timeout_s"] = o.store_io_timeout_s;
   }
-  if (!o.extra.empty()) {
-    json overrides = json::parse(o.extra, nullptr, false);
-    if (overrides.is_discarded() || !overrides.is_object()) {
-      return invalid_argument(fmt::format(
-          "--extra '{}': expected a JSON object of ec_connector_extra_config keys, e.g. '{{\"reserve_hold_ms\": 0}}'",
-          o.extra));
-    }
-    extra.update(overrides);  // parse_config names any key it does not accept
-  }
+  if (auto merged = merge_extra_config(extra, o.extra); !merged) return merged;
   json doc{{"ec_role", role_name(role)},    {"ec_ip", "127.0.0.1"},      {"ec_port", o.port},
            {"ec_buffer_size", o.pool_size}, {"ec_buffer_device", "cpu"}, {"ec_connector_extra_config", extra}};
   ParallelLayout layout;

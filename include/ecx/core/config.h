@@ -50,7 +50,7 @@ struct Config {
   std::uint64_t reserve_hold_ms = 5'000;  // a consumer holds a reserve it cannot place yet this long (0 = off)
 
   std::uint64_t direct_payload_max_bytes = 1ULL << 30;  // producers send items up to this size unreserved (0 = off)
-  std::uint64_t retry_backoff_max_ms = 200;  // producers' longest wait between reserves after retry_afters
+  std::uint64_t retry_backoff_max_ms = 200;             // producers' longest wait between reserves after retry_afters
 
   std::string transport = "ucx";          // ucx | mooncake
   std::string ucx_mode = "am";            // am | put
