@@ -167,7 +167,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   std::optional<TimePoint> next_deadline() const override { return transfers_.next_send_deadline(); }
 
   void shut_down() override {
-    endpoints_.close_listener();
+    endpoints_.refuse_connections();
     worker_.close_queue();
     // A send completes at the sender once UCX holds its bytes, not once the peer
     // has them; a forced close would drop what is still queued (and a reset
@@ -201,11 +201,13 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   // After the progress thread ended: what UCX still holds goes before the worker.
   void destroy_ucx() {
-    endpoints_.destroy_listener();
-    if (!worker_.left_to_exit()) {  // see shut_down: destroying would abort
+    if (worker_.left_to_exit()) {  // see shut_down: destroying would abort
+      endpoints_.leave_listener_to_exit();
+    } else {
       endpoints_.free_closing();
       if (put_) put_->drop_control_messages();
       regions_.unmap_all();
+      endpoints_.destroy_listener();  // last before the worker: see there
     }
     worker_.destroy();
   }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "ecx/core/sanitizers.h"
 #include "transport/address.h"
 
 namespace ecx::transport::ucx {
@@ -212,7 +213,11 @@ bool Endpoints::handle_deferred() {
   while (!conn_requests_.empty()) {
     auto request = conn_requests_.front();
     conn_requests_.pop_front();
-    accept(request);
+    if (refusing_connections_) {
+      ucp_listener_reject(listener_, request);
+    } else {
+      accept(request);
+    }
     worked = true;
   }
   while (!failed_endpoints_.empty()) {
@@ -265,16 +270,27 @@ void Endpoints::describe_once(std::uint64_t id) {
   }
 }
 
-void Endpoints::close_listener() {
-  if (listener_ == nullptr) return;
+void Endpoints::reject_waiting_connections() {
   for (auto request : conn_requests_) ucp_listener_reject(listener_, request);
   conn_requests_.clear();
+}
+
+void Endpoints::refuse_connections() {
+  refusing_connections_ = true;
+  reject_waiting_connections();
+}
+
+void Endpoints::destroy_listener() {
+  if (listener_ == nullptr) return;
+  reject_waiting_connections();
   ucp_listener_destroy(listener_);
   listener_ = nullptr;
 }
 
-void Endpoints::destroy_listener() {
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+void Endpoints::leave_listener_to_exit() {
+  // Nothing progresses the worker any more, so UCX queues the requests of new
+  // connections and never calls on_connection_request (whose `this` is going).
+  keep_until_exit(listener_);
   listener_ = nullptr;
 }
 

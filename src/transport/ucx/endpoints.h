@@ -90,10 +90,19 @@ class Endpoints {
   // Which transports and lanes UCX picked, once per endpoint after wire-up (debug level).
   void describe_once(std::uint64_t id);
 
-  // Shutdown: rejects waiting connection requests and destroys the listener.
-  void close_listener();
-  // Before the worker goes: the listener (if still there) and the close requests.
+  // Shutdown: connection requests are rejected from now on (the listener stays: see
+  // destroy_listener).
+  void refuse_connections();
+  // Right before the worker goes, with nothing in between that lets time pass. UCX
+  // 1.13's tcp connection manager keeps, per connection it accepted but whose request
+  // has not arrived yet, a pointer to the listener that it follows when the request
+  // does arrive: a listener destroyed before the worker leaves that pointer dangling
+  // (a segfault in ucp_cm_server_conn_request_cb). Closing the worker frees those
+  // connections, so the gap must be as short as possible.
   void destroy_listener();
+  // The worker is left to the process's exit (a peer that never answered): so is the
+  // listener, whose connections then wait unanswered rather than crash the process.
+  void leave_listener_to_exit();
   void free_closing();
 
  private:
@@ -101,6 +110,7 @@ class Endpoints {
   static void on_connection_request(ucp_conn_request_h request, void* arg);
   void set_error_handling(ucp_ep_params_t& params, Endpoint& endpoint);
   void accept(ucp_conn_request_h request);
+  void reject_waiting_connections();
   // An endpoint's close completed.
   void closed(std::uint64_t endpoint_id);
 
@@ -117,6 +127,7 @@ class Endpoints {
   std::unordered_map<std::string, std::uint64_t> endpoints_by_peer_;  // guarded by peers_mutex_
   std::unordered_map<ucp_ep_h, std::uint64_t> endpoint_by_ucp_;
   std::deque<ucp_conn_request_h> conn_requests_;
+  bool refusing_connections_ = false;  // shutting down
   std::deque<std::pair<std::uint64_t, Status>> failed_endpoints_;
   std::vector<std::pair<std::uint64_t, void*>> closing_;  // endpoint id, close request
 };

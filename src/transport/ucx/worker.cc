@@ -57,7 +57,10 @@ Status UcxWorker::open(std::size_t required_am_header) {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read-only lookup of the operator's setting
   const char* env_tls = std::getenv("UCX_TLS");
   const std::string tls = !options_.tls.empty() ? options_.tls : (env_tls != nullptr ? env_tls : "");
-  const bool may_use_tcp = tls.empty() || tls.find("tcp") != std::string::npos || tls.find("all") != std::string::npos;
+  const bool names_tcp = tls.find("tcp") != std::string::npos;
+  // "^a,b" lists what UCX must leave out.
+  const bool may_use_tcp =
+      tls.empty() || (tls.front() == '^' ? !names_tcp : names_tcp || tls.find("all") != std::string::npos);
   if (options_.peer_error_handling && only_shared_memory(tls)) {
     // Said here, at start: otherwise every connection fails later with UCX's
     // "Destination is unreachable" and nothing names the cause.

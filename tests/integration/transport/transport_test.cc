@@ -2,6 +2,10 @@
 // process and transport_peer, its helper.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstring>
@@ -91,7 +95,7 @@ class ReceiverTest : public ::testing::TestWithParam<Variant> {
       }
       return Landing{slab_->at(*slot), header->landing_length, slot->offset};
     };
-    options.on_landing = [this](std::span<const std::byte> bytes, const Landing& landing, Status status) {
+    options.on_landing = [this](std::span<const std::byte> bytes, const Landing& landing, const Status& status) {
       auto header = parse_header(bytes);
       std::lock_guard lock(mutex_);
       const bool intact =
@@ -355,7 +359,7 @@ class SenderTest : public ::testing::TestWithParam<Variant> {
     header.index = index;
     header.landing_length = bytes;
     header.flags = flags;
-    auto on_sent = [completion](Status result) {
+    auto on_sent = [completion](const Status& result) {
       std::lock_guard lock(completion->mutex);
       completion->status = result;
       completion->done.notify_all();
@@ -447,6 +451,98 @@ TEST_P(SenderTest, KilledReceiverFailsTheSendWithinItsDeadline) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, SenderTest, ::testing::ValuesIn(kVariants), variant_name);
+
+// A plain TCP client of the receiver's listener, driven byte by byte: it can connect
+// and then hold back the connection request UCX's tcp connection manager expects.
+class RawClient {
+ public:
+  explicit RawClient(int port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
+  }
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+  ~RawClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool connected() const { return connected_; }
+  bool send_all(std::span<const std::byte> bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+  }
+  // The receiver answered or closed the connection (a reject, EOF or reset): it did
+  // not leave it hanging.
+  bool answered_within(std::chrono::milliseconds timeout) {
+    pollfd entry{fd_, POLLIN, 0};
+    return ::poll(&entry, 1, static_cast<int>(timeout.count())) == 1;
+  }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+// UCX 1.13 keeps, for a connection it accepted but whose request has not arrived, a
+// pointer to the listener and follows it when the request comes: a receiver that
+// destroyed its listener at the start of its shutdown crashed inside UCX (a segfault
+// in ucp_cm_server_conn_request_cb) when a request arrived while the shutdown still
+// waited for a peer. The shutdown now refuses such requests and keeps the listener
+// until the worker goes.
+TEST(ReceiverShutdown, ARequestArrivingWhileTheReceiverShutsDownIsRefusedNotFollowedIntoAFreedListener) {
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes);
+  ASSERT_TRUE(slab);
+  // A stalled peer that holds a rendezvous send: the shutdown waits for it (its flush
+  // bound, about 2 s), which is when the held-back request arrives.
+  ChildProcess peer(
+      {peer_binary(), "receive", "--listen", "127.0.0.1", "--tls", "tcp", "--mode", "am", "--peer-errors", "1"});
+  auto line = peer.read_line(30s);
+  ASSERT_TRUE(line && line->starts_with("address ")) << line.value_or("(nothing)");
+  auto clock = std::make_shared<ManualClock>();
+  UcxOptions options;
+  options.tls = "tcp";
+  options.address_kind = UcxAddressKind::socket;
+  options.clock = clock;
+  options.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<Landing> {
+    return unavailable("this receiver takes no payloads");
+  };
+  options.on_landing = [](std::span<const std::byte>, const Landing&, const Status&) {};
+  auto created = create_ucx_transport(options);
+  ASSERT_TRUE(created) << created.status().to_string();
+  std::unique_ptr<Transport> receiver = std::move(*created);
+  auto address = receiver->listen("127.0.0.1", 0);
+  ASSERT_TRUE(address) << address.status().to_string();
+  auto port = detail::split_host_port(*address);
+  ASSERT_TRUE(port);
+  auto region = receiver->register_region(slab->data(), slab->size(), MemoryKind::host);
+  ASSERT_TRUE(region);
+  auto endpoint = receiver->connect(line->substr(8));
+  ASSERT_TRUE(endpoint) << endpoint.status().to_string();
+  TestHeader header;
+  header.index = 1;
+  header.landing_length = 8'000'000;
+  header.flags = kStall;
+  ASSERT_TRUE(receiver->send(*endpoint, as_bytes(header), *region, 0, header.landing_length, clock->now() + 60s,
+                             [](const Status&) {}));
+  ASSERT_EQ(peer.read_line(30s).value_or(""), "stalled 1");
+
+  RawClient client(port->port);
+  ASSERT_TRUE(client.connected());
+  // Time for UCX's async thread to accept it: only then does UCX hold the pointer.
+  std::this_thread::sleep_for(100ms);
+  std::thread shutdown([&receiver] { receiver.reset(); });
+  std::this_thread::sleep_for(300ms);  // well inside the shutdown's wait for the stalled peer
+  // The tcp connection manager's header: the length of the private data (none), a status.
+  struct {
+    std::uint64_t length = 0;
+    std::uint64_t status = 0;
+  } request;
+  const bool sent = client.send_all(std::as_bytes(std::span(&request, 1)));
+  shutdown.join();
+  EXPECT_TRUE(sent);
+  EXPECT_TRUE(client.answered_within(10s)) << "the held-back connection was left hanging";
+}
 
 TEST(Address, SplitsAndFormatsHostPort) {
   auto v4 = detail::split_host_port("127.0.0.1:4000");
