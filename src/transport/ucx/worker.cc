@@ -170,6 +170,7 @@ Status UcxWorker::enqueue(Command command) {
       return resource_exhausted(fmt::format("transport command queue full ({} entries)", queue_.size()));
     }
     queue_.push_back(std::move(command));
+    commands_waiting_.store(true);
   }
   if (sleeping_.load()) wake();
   return Status::ok();
@@ -205,13 +206,15 @@ void UcxWorker::run() {
 }
 
 bool UcxWorker::run_commands() {
-  std::deque<Command> batch;
+  if (!commands_waiting_.exchange(false)) return false;
   {
     std::lock_guard lock(queue_mutex_);
-    batch.swap(queue_);
+    batch_.swap(queue_);
   }
-  for (auto& command : batch) command(true);
-  return !batch.empty();
+  for (auto& command : batch_) command(true);
+  const bool ran = !batch_.empty();
+  batch_.clear();
+  return ran;
 }
 
 void UcxWorker::sleep_until_event() {

@@ -120,6 +120,11 @@ class UcxWorker {
   std::mutex queue_mutex_;
   std::deque<Command> queue_;  // bounded by options_.command_queue_capacity
   bool closed_ = false;        // under queue_mutex_
+  // Set with every enqueue: the progress thread polls it instead of the mutex.
+  std::atomic<bool> commands_waiting_{false};
+  // The progress thread's batch, kept between rounds: a std::deque allocates when it
+  // is built, and the loop runs every few microseconds while it polls.
+  std::deque<Command> batch_;
 };
 
 template <typename T>
