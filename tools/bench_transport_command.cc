@@ -275,6 +275,12 @@ int run_consumer(const BenchOptions& options) {
   transport::UcxOptions ucx;
   ucx.tls = std::string(ucx_tls(options.transport));
   ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
+  // As an ECX consumer does with peer errors on (transport/factory.cc): every sender is
+  // an endpoint of its own, made through UCX's connection manager. That also decides
+  // the lanes: UCX 1.13 gives a worker-address endpoint with peer error handling no
+  // rma_bw lane over tcp (it would need memory invalidation), so its rendezvous moves
+  // as active-message fragments, 30-40% slower into memory not in the CPU cache.
+  if (ucx.peer_error_handling) ucx.address_kind = transport::UcxAddressKind::socket;
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   // Without --spread every payload lands at the start of the pool, as ucx_perftest
   // receives every message of its window into one buffer: the same memory footprint.
