@@ -263,10 +263,8 @@ int run_consumer(const BenchOptions& options) {
   if (!uses_ucx(options.transport)) return run_mooncake_consumer(options);
   const std::uint64_t slot = options.consumer_slot_bytes;
   const std::uint64_t alignment = 4096;
-  // Eagerly sent payloads complete at the producer before they land, so more than
-  // `window` of them can wait here: keep room for many small ones.
-  const std::uint64_t pool_bytes =
-      std::max<std::uint64_t>({(slot + alignment) * (options.window + 2), 256ULL << 20, options.spread});
+  // One slot that every payload lands in, or the --spread ring (see the resolver).
+  const std::uint64_t pool_bytes = std::max(slot, options.spread);
   auto slab = pool::Slab::allocate(pool::MemoryKind::host, pool_bytes, pool::SlabOptions{.prefault = true});
   if (!slab) {
     std::cerr << "consumer: " << slab.status().to_string() << "\n";
@@ -275,12 +273,8 @@ int run_consumer(const BenchOptions& options) {
   transport::UcxOptions ucx;
   ucx.tls = std::string(ucx_tls(options.transport));
   ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
-  // As an ECX consumer does with peer errors on (transport/factory.cc): every sender is
-  // an endpoint of its own, made through UCX's connection manager. That also decides
-  // the lanes: UCX 1.13 gives a worker-address endpoint with peer error handling no
-  // rma_bw lane over tcp (it would need memory invalidation), so its rendezvous moves
-  // as active-message fragments, 30-40% slower into memory not in the CPU cache.
-  if (ucx.peer_error_handling) ucx.address_kind = transport::UcxAddressKind::socket;
+  // As an ECX consumer: the same endpoints, so the same UCX lanes.
+  ucx.address_kind = transport::receiver_address_kind(ucx.peer_error_handling);
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   // Without --spread every payload lands at the start of the pool, as ucx_perftest
   // receives every message of its window into one buffer: the same memory footprint.

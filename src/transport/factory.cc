@@ -62,14 +62,11 @@ Result<std::unique_ptr<Transport>> create_ucx(const Config& config, std::shared_
     ucx.on_landing = [](std::span<const std::byte>, const Landing&, const Status&) {};
     return create_ucx_transport(std::move(ucx));
   }
+  ucx.address_kind = receiver_address_kind(config.ucx_peer_errors);
   if (config.ucx_peer_errors) {
-    // Every producer then connects as an endpoint of ours with peer-failure handling:
-    // a producer's death fails the payloads it was still sending, and a payload stuck
-    // landing past the reservation TTL is cut off by closing its sender's connection
-    // (UCX never writes into a slot after that, so the slot can be freed). Shared
-    // memory is unavailable with peer errors on anyway, so a worker address would
-    // gain nothing here.
-    ucx.address_kind = UcxAddressKind::socket;
+    // A payload stuck landing past the reservation TTL is cut off by closing its
+    // sender's connection (UCX never writes into a slot after that, so the slot can be
+    // freed).
     ucx.landing_timeout = config.reservation_ttl();
   }
   ucx.resolver = std::move(hooks.resolver);

@@ -88,6 +88,17 @@ struct UcxOptions {
 std::string_view ucx_mode_name(UcxMode mode) noexcept;
 Result<UcxMode> parse_ucx_mode(std::string_view name);
 
+// What an ECX receiver advertises. With peer error handling every sender becomes an
+// endpoint of its own (through UCX's connection manager): a sender's death fails what
+// it was still sending, and the landing watchdog can cut off exactly that sender.
+// That also decides the lanes: UCX 1.13 gives a worker-address endpoint with peer
+// error handling no rma_bw lane over tcp (it would need memory invalidation), so its
+// rendezvous would move as active-message fragments, 30-40% slower into memory not in
+// the CPU cache. Without peer errors a worker address lets UCX use shared memory.
+constexpr UcxAddressKind receiver_address_kind(bool peer_error_handling) noexcept {
+  return peer_error_handling ? UcxAddressKind::socket : UcxAddressKind::worker;
+}
+
 // The options every ECX role takes from its configuration (mode, peer-failure
 // handling, TCP segment size, rendezvous threshold) and its clock; the caller adds
 // what is its own (the receiving side's resolver and landing callbacks).
