@@ -286,6 +286,17 @@ Result<wire::CancelReply> ControlClient::cancel(const std::string& address, wire
   return reply_body<wire::CancelReply>(call_blocking(address, std::move(request), timeout));
 }
 
+Result<wire::CancelBatchReply> ControlClient::cancel_batch(const std::string& address,
+                                                           std::vector<wire::CancelRequest> items, Duration timeout) {
+  const std::size_t count = items.size();
+  auto reply =
+      reply_body<wire::CancelBatchReply>(call_blocking(address, wire::CancelBatchRequest{std::move(items)}, timeout));
+  if (reply && reply->items.size() != count) {
+    return protocol_error(fmt::format("{} answered {} of {} cancel items", address, reply->items.size(), count));
+  }
+  return reply;
+}
+
 Result<wire::StatusReply> ControlClient::status(const std::string& address, std::string transfer_id, Duration timeout) {
   return reply_body<wire::StatusReply>(call_blocking(address, wire::StatusRequest{std::move(transfer_id)}, timeout));
 }

@@ -585,6 +585,10 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
                      if (security.enabled() && !hello.has_feature(wire::kFeatureAuth)) {
                        hello.features.emplace_back(wire::kFeatureAuth);
                      }
+                     // Answered here, item by item through the handler's cancel.
+                     if (!hello.has_feature(wire::kFeatureCancelBatch)) {
+                       hello.features.emplace_back(wire::kFeatureCancelBatch);
+                     }
                      if (!r.client.empty()) log->debug("hello from {}", r.client);
                      reply.body = std::move(hello);
                    },
@@ -610,6 +614,36 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
                      reply.body = std::move(batch);
                    },
                    [&](const wire::CancelRequest& r) { settle(handler->cancel(request_context, r)); },
+                   [&](const wire::CancelBatchRequest& r) {
+                     // Each item as its own cancel would be (a throwing handler fails
+                     // that item only); malformed items keep their place with their error.
+                     wire::CancelBatchReply batch;
+                     const std::size_t total = r.items.size() + decoded.item_errors.size();
+                     batch.items.reserve(total);
+                     std::size_t next_valid = 0;
+                     std::size_t next_error = 0;
+                     for (std::size_t i = 0; i < total; ++i) {
+                       wire::CancelResult& out = batch.items.emplace_back();
+                       if (next_error < decoded.item_errors.size() && decoded.item_errors[next_error].index == i) {
+                         out.error = decoded.item_errors[next_error++].error;
+                         continue;
+                       }
+                       const wire::CancelRequest& item = r.items[next_valid++];
+                       try {
+                         auto answered = handler->cancel(request_context, item);
+                         if (answered) {
+                           out.cancelled = answered->cancelled;
+                         } else {
+                           out.error = answered.status();
+                         }
+                       } catch (const std::exception& e) {
+                         handler_exceptions.add();
+                         log->error("cancel handler failed for {}: {}", item.transfer_id, e.what());
+                         out.error = internal_error(fmt::format("cancel failed on the server: {}", e.what()));
+                       }
+                     }
+                     reply.body = std::move(batch);
+                   },
                    [&](const wire::StatusRequest& r) { settle(handler->status(request_context, r)); },
                    [&](const wire::CompleteRequest& r) { settle(handler->complete(request_context, r)); },
                },

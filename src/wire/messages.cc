@@ -5,7 +5,8 @@
 namespace ecx::wire {
 namespace {
 
-constexpr std::array<std::string_view, kOpCount> kOpNames = {"hello", "reserve_batch", "cancel", "status", "complete"};
+constexpr std::array<std::string_view, kOpCount> kOpNames = {"hello",  "reserve_batch", "cancel",
+                                                             "status", "complete",      "cancel_batch"};
 constexpr std::array<std::string_view, kEventKindCount> kEventNames = {"ready", "abandoned", "failed"};
 constexpr std::array<std::string_view, 6> kReasonNames = {"",           "malformed",        "too_large",
                                                           "unknown_op", "version_mismatch", "unauthenticated"};

@@ -140,6 +140,21 @@ struct ReplyBodyWriter {
     put_str(pk, "cancelled");
     put_bool(pk, r.cancelled);
   }
+  void operator()(const CancelBatchReply& r) const {
+    pk.pack_map(1);
+    put_str(pk, "items");
+    pk.pack_array(static_cast<std::uint32_t>(r.items.size()));
+    for (const CancelResult& item : r.items) {
+      pk.pack_map(1);
+      if (item.error.is_ok()) {
+        put_str(pk, "cancelled");
+        put_bool(pk, item.cancelled);
+      } else {
+        put_str(pk, "error");
+        put_error(pk, item.error, RejectReason::none, 0, 0);
+      }
+    }
+  }
   void operator()(const StatusReply& r) const {
     if (!r.found) {
       pk.pack_map(1);
@@ -214,6 +229,22 @@ Result<ReserveResult> read_reserve_result(const Obj& o, std::uint32_t index, con
   return r;
 }
 
+// One item of a cancel_batch reply: {cancelled: bool} or {error: error map}.
+Result<CancelResult> read_cancel_result(const Obj& o, std::uint32_t index, const Limits& limits) {
+  static const std::array<std::string_view, 2> kNames = {"cancelled", "error"};
+  Fields<2> f(kNames, fmt::format("items[{}]", index));
+  ECX_RETURN_IF_ERROR(f.read(o, StatusCode::protocol));
+  CancelResult r;
+  if (f.has(1)) {
+    auto error = read_error(*f.get(1), f.path() + ".error", limits);
+    if (!error) return error.status();
+    r.error = error->status.is_ok() ? internal_error("unspecified error") : error->status;
+    return r;
+  }
+  WIRE_ASSIGN(r.cancelled, f.boolean(0));
+  return r;
+}
+
 Result<ReplyBody> read_reply_body(Op op, const Obj& body, const Limits& limits) {
   switch (op) {
     case Op::hello: {
@@ -285,6 +316,21 @@ Result<ReplyBody> read_reply_body(Op op, const Obj& body, const Limits& limits) 
       CancelReply r;
       WIRE_ASSIGN(r.cancelled, f.boolean(0));
       return ReplyBody{r};
+    }
+    case Op::cancel_batch: {
+      static const std::array<std::string_view, 1> kNames = {"items"};
+      Fields<1> f(kNames, "body");
+      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
+      const msgpack::object_array* items = nullptr;
+      WIRE_ASSIGN(items, f.array(0, limits.max_batch_items));
+      CancelBatchReply r;
+      r.items.reserve(items->size);
+      for (std::uint32_t i = 0; i < items->size; ++i) {
+        auto item = read_cancel_result(items->ptr[i], i, limits);
+        if (!item) return item.status();
+        r.items.push_back(std::move(*item));
+      }
+      return ReplyBody{std::move(r)};
     }
     case Op::status: {
       static const std::array<std::string_view, 8> kNames = {"found",      "state",  "mm_hash", "reservation_id",

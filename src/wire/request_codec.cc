@@ -76,6 +76,12 @@ struct RequestBodyWriter {
       pk.pack_true();
     }
   }
+  void operator()(const CancelBatchRequest& r) const {
+    pk.pack_map(1);
+    put_str(pk, "items");
+    pk.pack_array(static_cast<std::uint32_t>(r.items.size()));
+    for (const CancelRequest& item : r.items) (*this)(item);
+  }
   void operator()(const StatusRequest& r) const {
     pk.pack_map(1);
     put_str(pk, "transfer_id");
@@ -120,6 +126,22 @@ Result<ReserveItem> read_item(const Obj& o, std::uint32_t index) {
   return ReserveItem{std::string(transfer_id), std::string(mm_hash), std::move(*spec), checksum};
 }
 
+// One cancel: the body of `cancel`, or one item of `cancel_batch` (path names it).
+Result<CancelRequest> read_cancel(const Obj& o, std::string path) {
+  static const std::array<std::string_view, 4> kNames = {"transfer_id", "reservation_id", "abandon", "refresh"};
+  Fields<4> f(kNames, std::move(path));
+  ECX_RETURN_IF_ERROR(f.read(o, StatusCode::invalid_argument));
+  CancelRequest r;
+  std::string_view transfer_id;
+  WIRE_ASSIGN(transfer_id, f.str(0, kMaxIdLength));
+  ECX_RETURN_IF_ERROR(check_id(validate_transfer_id(transfer_id), StatusCode::invalid_argument));
+  r.transfer_id = std::string(transfer_id);
+  WIRE_ASSIGN(r.reservation_id, f.reservation_or_none(1));
+  WIRE_ASSIGN(r.abandon, f.boolean_or(2, false));
+  WIRE_ASSIGN(r.refresh, f.boolean_or(3, false));
+  return r;
+}
+
 Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& limits,
                                       std::vector<ItemError>& item_errors) {
   static const Obj kEmptyMap = [] {
@@ -160,17 +182,26 @@ Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& 
       return RequestBody{std::move(r)};
     }
     case Op::cancel: {
-      static const std::array<std::string_view, 4> kNames = {"transfer_id", "reservation_id", "abandon", "refresh"};
-      Fields<4> f(kNames, "body");
-      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::invalid_argument));
-      CancelRequest r;
-      std::string_view transfer_id;
-      WIRE_ASSIGN(transfer_id, f.str(0, kMaxIdLength));
-      ECX_RETURN_IF_ERROR(check_id(validate_transfer_id(transfer_id), StatusCode::invalid_argument));
-      r.transfer_id = std::string(transfer_id);
-      WIRE_ASSIGN(r.reservation_id, f.reservation_or_none(1));
-      WIRE_ASSIGN(r.abandon, f.boolean_or(2, false));
-      WIRE_ASSIGN(r.refresh, f.boolean_or(3, false));
+      auto r = read_cancel(body, "body");
+      if (!r) return r.status();
+      return RequestBody{std::move(*r)};
+    }
+    case Op::cancel_batch: {
+      static const std::array<std::string_view, 1> kNames = {"items"};
+      Fields<1> f(kNames, "body");
+      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
+      const msgpack::object_array* items = nullptr;
+      WIRE_ASSIGN(items, f.array(0, limits.max_batch_items));
+      CancelBatchRequest r;
+      r.items.reserve(items->size);
+      for (std::uint32_t i = 0; i < items->size; ++i) {
+        auto item = read_cancel(items->ptr[i], fmt::format("items[{}]", i));
+        if (item) {
+          r.items.push_back(std::move(*item));
+        } else {
+          item_errors.push_back(ItemError{i, item.status()});
+        }
+      }
       return RequestBody{std::move(r)};
     }
     case Op::status: {

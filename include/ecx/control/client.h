@@ -109,6 +109,10 @@ class ControlClient {
                                                 Duration timeout = Duration{0});
   Result<wire::CancelReply> cancel(const std::string& address, wire::CancelRequest request,
                                    Duration timeout = Duration{0});
+  // Many cancels in one frame, to a shard whose hello has kFeatureCancelBatch: one
+  // result per item, in order (a reply of another length is a protocol error).
+  Result<wire::CancelBatchReply> cancel_batch(const std::string& address, std::vector<wire::CancelRequest> items,
+                                              Duration timeout = Duration{0});
   Result<wire::StatusReply> status(const std::string& address, std::string transfer_id, Duration timeout = Duration{0});
 
   // The same request to every address at once; results in address order.

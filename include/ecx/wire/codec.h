@@ -51,7 +51,7 @@ struct ItemError {
 
 struct DecodedRequest {
   Request request;
-  std::vector<ItemError> item_errors;  // reserve_batch only; sorted by index
+  std::vector<ItemError> item_errors;  // reserve_batch and cancel_batch only; sorted by index
 };
 
 Result<DecodedRequest> decode_request(std::string_view frame, const Limits& limits, Envelope* envelope = nullptr);

@@ -114,6 +114,29 @@ struct CancelReply {
   friend bool operator==(const CancelReply&, const CancelReply&) = default;
 };
 
+// ---- cancel_batch: many cancels in one frame (a shard announces kFeatureCancelBatch).
+// The scheduler releases every item its engine is done with; one round trip per
+// shard and step instead of one per item.
+
+struct CancelBatchRequest {
+  std::vector<CancelRequest> items;
+  friend bool operator==(const CancelBatchRequest&, const CancelBatchRequest&) = default;
+};
+
+// One item's answer: `cancelled` as in CancelReply, or the error that item got (a
+// malformed item, or what the shard's cancel answered); one bad item never fails
+// the others.
+struct CancelResult {
+  bool cancelled = false;
+  Status error;
+  friend bool operator==(const CancelResult&, const CancelResult&) = default;
+};
+
+struct CancelBatchReply {
+  std::vector<CancelResult> items;  // same order and count as the request's items
+  friend bool operator==(const CancelBatchReply&, const CancelBatchReply&) = default;
+};
+
 // ---- status (diagnostic)
 
 struct StatusRequest {
@@ -149,8 +172,10 @@ struct CompleteReply {
 
 // ---- envelopes
 
-using RequestBody = std::variant<HelloRequest, ReserveBatchRequest, CancelRequest, StatusRequest, CompleteRequest>;
-using ReplyBody = std::variant<std::monostate, HelloReply, ReserveBatchReply, CancelReply, StatusReply, CompleteReply>;
+using RequestBody =
+    std::variant<HelloRequest, ReserveBatchRequest, CancelRequest, StatusRequest, CompleteRequest, CancelBatchRequest>;
+using ReplyBody = std::variant<std::monostate, HelloReply, ReserveBatchReply, CancelReply, StatusReply, CompleteReply,
+                               CancelBatchReply>;
 
 Op op_of(const RequestBody& body) noexcept;
 

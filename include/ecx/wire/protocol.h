@@ -19,7 +19,7 @@ inline constexpr std::uint32_t kMinProtocolVersion = 1;
 // Bounds enforced while decoding, before anything is allocated for a field.
 struct Limits {
   std::size_t max_frame_bytes = std::size_t{1} << 20;  // Config::max_frame_bytes
-  std::size_t max_batch_items = 4096;                  // items of one reserve_batch
+  std::size_t max_batch_items = 4096;                  // items of one reserve_batch or cancel_batch
   std::size_t max_string_bytes = 4096;                 // any string (ids are further capped at 256)
   std::size_t max_binary_bytes = 16384;                // a data-plane address
   std::size_t max_map_entries = 64;                    // keys of any map
@@ -27,8 +27,8 @@ struct Limits {
   std::size_t max_depth = 8;                           // nesting of maps and arrays
 };
 
-enum class Op : std::uint8_t { hello, reserve_batch, cancel, status, complete };
-inline constexpr std::size_t kOpCount = 5;
+enum class Op : std::uint8_t { hello, reserve_batch, cancel, status, complete, cancel_batch };
+inline constexpr std::size_t kOpCount = 6;
 std::string_view op_name(Op op) noexcept;
 std::optional<Op> parse_op(std::string_view name) noexcept;
 
@@ -55,5 +55,7 @@ inline constexpr std::string_view kFeatureOneSided = "one_sided";
 inline constexpr std::string_view kFeatureDirect = "direct_payloads";  // lands payloads sent without a reservation
 inline constexpr std::string_view kFeatureChecksum = "checksum";       // xxHash64 verified on landing
 inline constexpr std::string_view kFeatureAuth = "auth";               // HMAC-authenticated frames
+inline constexpr std::string_view kFeatureCancelBatch =
+    "cancel_batch";  // answers cancel_batch (many cancels, one frame)
 
 }  // namespace ecx::wire

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <iterator>
+#include <mutex>
 #include <utility>
 
 #include <fmt/format.h>
@@ -54,6 +55,85 @@ struct ConsumerChannel::CancelTicket {
   std::atomic<bool> done{false};
 };
 
+// Cancels waiting for the sender task. At most one sender runs: the first cancel
+// goes out at once, and those queued while it is on the wire go together in its next
+// frame (one round trip per shard for all of them), so batches grow with the load
+// and a lone cancel never waits for company. Invariant: `waiting` is empty whenever
+// `sending` is false.
+struct ConsumerChannel::CancelQueue {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<CancelTicket>> waiting;  // guarded by mutex
+  bool sending = false;                                // a sender task is queued or running; guarded by mutex
+  bool closing = false;  // the channel is closing: no further batch is sent; guarded by mutex
+};
+
+namespace {
+
+// Sends one batch of cancels to every shard (each shard's failures retried up to
+// `attempts` rounds) and completes the tickets. Runs on an executor thread.
+template <typename Ticket>
+void send_cancels(ConsumerControl& control, const std::string& base, int attempts,
+                  const std::vector<std::shared_ptr<Ticket>>& batch) {
+  const auto finish = [&batch](const std::vector<Status>& first_error, const std::vector<bool>& failing) {
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      batch[k]->status = failing[k] ? first_error[k] : Status::ok();
+      batch[k]->done.store(true, std::memory_order_release);
+    }
+  };
+  std::vector<Status> first_error(batch.size());
+  std::vector<bool> failing(batch.size(), false);
+  auto shards = confirmed_shards(control, base, attempts);
+  if (!shards) {
+    std::fill(first_error.begin(), first_error.end(), shards.status());
+    std::fill(failing.begin(), failing.end(), true);
+    finish(first_error, failing);
+    return;
+  }
+  std::vector<std::vector<std::size_t>> todo(shards->size());  // per shard: tickets not cancelled there yet
+  for (auto& t : todo) {
+    t.resize(batch.size());
+    for (std::size_t k = 0; k < batch.size(); ++k) t[k] = k;
+  }
+  for (int round = 0; round < attempts; ++round) {
+    for (std::size_t s = 0; s < shards->size(); ++s) {
+      if (todo[s].empty()) continue;
+      std::vector<std::string> ids;
+      ids.reserve(todo[s].size());
+      for (std::size_t k : todo[s]) ids.push_back(batch[k]->transfer_id);
+      std::vector<Result<bool>> answers;
+      try {
+        answers = control.cancel_many((*shards)[s], ids);
+      } catch (const std::exception& e) {
+        answers.assign(ids.size(), internal_error(std::string("control call threw: ") + e.what()));
+      } catch (...) {
+        answers.assign(ids.size(), internal_error("control call threw a non-standard exception"));
+      }
+      if (answers.size() != ids.size()) {
+        answers.assign(ids.size(), internal_error(fmt::format("the control collaborator answered {} of {} cancels",
+                                                              answers.size(), ids.size())));
+      }
+      std::vector<std::size_t> failed;  // the next round retries only these
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::size_t k = todo[s][i];
+        if (!answers[i]) {
+          if (first_error[k]) first_error[k] = answers[i].status();
+          failed.push_back(k);
+        } else {
+          batch[k]->cancelled |= *answers[i];
+        }
+      }
+      todo[s] = std::move(failed);
+    }
+  }
+  for (const auto& t : todo) {
+    for (std::size_t k : t) failing[k] = true;
+  }
+  for (auto& ticket : batch) ticket->shards = shards->size();
+  finish(first_error, failing);
+}
+
+}  // namespace
+
 // What the shards answered about one long-waiting transfer, written by an executor
 // thread and read by the scheduler thread once `done` is set.
 struct ConsumerChannel::RecheckTicket {
@@ -72,7 +152,8 @@ ConsumerChannel::ConsumerChannel(const CoordinatorOptions& options, TransferTabl
       events_(std::move(events)),
       control_(std::move(control)),
       executor_(std::make_unique<BoundedExecutor>("ecx-scheduler-control", options_.control_threads,
-                                                  options_.control_queue_max)) {}
+                                                  options_.control_queue_max)),
+      cancel_queue_(std::make_shared<CancelQueue>()) {}
 
 ConsumerChannel::~ConsumerChannel() { close(); }
 
@@ -81,15 +162,23 @@ void ConsumerChannel::close() {
   closed_ = true;
   std::size_t running = 0;
   for (const auto& t : pending_cancels_) running += t->done.load(std::memory_order_acquire) ? 0 : 1;
+  {
+    std::lock_guard lock(cancel_queue_->mutex);
+    cancel_queue_->closing = true;
+  }
   // Closing the control collaborator before the join ends the calls in flight at
   // once (as cancelled): shutdown never waits out a control deadline on a shard
   // that is gone or does not answer.
-  const std::size_t dropped = executor_->close([this] {
+  executor_->close([this] {
     if (control_) control_->close();
   });
   std::size_t abandoned = 0;
+  std::size_t dropped = 0;
   std::erase_if(pending_cancels_, [&](const std::shared_ptr<CancelTicket>& t) {
-    if (!t->done.load(std::memory_order_acquire)) return true;  // its task was dropped: counted in `dropped`
+    if (!t->done.load(std::memory_order_acquire)) {  // its sender task was dropped: never sent
+      ++dropped;
+      return true;
+    }
     if (t->status) {
       ++stats_.cancels_succeeded;
     } else {
@@ -352,39 +441,50 @@ void ConsumerChannel::queue_cancel(std::string_view transfer_id, TimePoint now, 
     return;
   }
   auto ticket = std::make_shared<CancelTicket>(std::string(transfer_id));
-  auto task = [control = control_, base = options_.control_address, attempts = options_.cancel_attempts, ticket] {
-    // Confirm the topology first: a cancel sent to the base address alone would
-    // leave every other shard's reservation pinned.
-    auto shards = confirmed_shards(*control, base, attempts);
-    if (!shards) {
-      ticket->status = shards.status();
-      ticket->done.store(true, std::memory_order_release);
-      return;
-    }
-    ticket->shards = shards->size();
-    std::vector<std::string> pending = std::move(*shards);
-    Status first_error;
-    for (int round = 0; round < attempts && !pending.empty(); ++round) {
-      std::vector<std::string> failed;
-      for (const auto& addr : pending) {
-        Result<bool> reply = call_safely([&] { return control->cancel(addr, ticket->transfer_id); });
-        if (!reply) {
-          if (first_error) first_error = reply.status();
-          failed.push_back(addr);
-        } else {
-          ticket->cancelled |= *reply;
-        }
-      }
-      pending = std::move(failed);  // the next round retries only the shards that failed
-    }
-    ticket->status = pending.empty() ? Status::ok() : first_error;
-    ticket->done.store(true, std::memory_order_release);
-  };
-  if (closed_ || !executor_->try_submit(std::move(task))) {
+  const auto drop = [&](std::string_view why) {
     ++stats_.cancels_dropped;
     logger()->warn("EC reservation cancel for transfer_id={} not queued ({}); the consumer's lease will expire it",
-                   shorten(transfer_id), closed_ ? "closed" : "executor queue full");
-    return;
+                   shorten(transfer_id), why);
+  };
+  if (closed_) return drop("closed");
+  bool start_sender = false;
+  {
+    std::lock_guard lock(cancel_queue_->mutex);
+    // The same bound as the executor's queue, counted in cancels.
+    if (cancel_queue_->waiting.size() >= options_.control_queue_max) {
+      drop("cancel queue full");
+      return;
+    }
+    cancel_queue_->waiting.push_back(ticket);
+    start_sender = !std::exchange(cancel_queue_->sending, true);
+  }
+  if (start_sender) {
+    // Confirm the topology first (send_cancels): a cancel sent to the base address
+    // alone would leave every other shard's reservation pinned.
+    auto sender = [queue = cancel_queue_, control = control_, base = options_.control_address,
+                   attempts = options_.cancel_attempts] {
+      for (;;) {
+        std::vector<std::shared_ptr<CancelTicket>> batch;
+        {
+          std::lock_guard lock(queue->mutex);
+          if (queue->waiting.empty() || queue->closing) {
+            queue->sending = false;  // what still waits at closing stays unsent (close counts it)
+            return;
+          }
+          batch.swap(queue->waiting);
+        }
+        send_cancels(*control, base, attempts, batch);
+      }
+    };
+    if (!executor_->try_submit(std::move(sender))) {
+      {
+        std::lock_guard lock(cancel_queue_->mutex);
+        cancel_queue_->waiting.clear();  // only this ticket: nothing sent since `sending` was false
+        cancel_queue_->sending = false;
+      }
+      drop("executor queue full");
+      return;
+    }
   }
   ++stats_.cancels_queued;
   pending_cancels_.push_back(std::move(ticket));

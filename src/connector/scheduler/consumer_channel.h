@@ -78,6 +78,7 @@ class ConsumerChannel {
 
  private:
   struct CancelTicket;
+  struct CancelQueue;
   struct RecheckTicket;
   struct PendingShards {
     std::string transfer_id;
@@ -115,6 +116,8 @@ class ConsumerChannel {
   detail::StringMap<std::list<PendingShards>::iterator> pending_shards_index_;
 
   std::vector<std::shared_ptr<CancelTicket>> pending_cancels_;
+  // Cancels not yet taken by the sender task; shared with it (see queue_cancel).
+  std::shared_ptr<CancelQueue> cancel_queue_;
 
   std::vector<std::shared_ptr<RecheckTicket>> pending_rechecks_;
   // When each long-waiting transfer was last asked about; entries go once it stops

@@ -1,5 +1,9 @@
 #include "ecx/connector/worker/scheduler_links.h"
 
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
 #include "core/logging.h"
 #include "ecx/control/event_inbox.h"
 #include "ecx/core/metrics.h"
@@ -82,12 +86,49 @@ class ClientConsumerControl final : public scheduler::ConsumerControl {
   Result<std::vector<std::string>> discover_shards(const std::string& base_address) override {
     auto topology = client_->discover(base_address, timeout_);
     if (!topology) return topology.status();
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& shard : topology->shards) {
+        batch_capable_[shard.control] = shard.hello.has_feature(wire::kFeatureCancelBatch);
+      }
+    }
     return topology->control_addresses();
   }
   Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) override {
     auto reply = client_->cancel(shard_address, wire::CancelRequest{transfer_id, {}, false, false}, timeout_);
     if (!reply) return reply.status();
     return reply->cancelled;
+  }
+  // One cancel_batch frame per kMaxPerFrame ids to a shard that announced it (a
+  // shard of an older release is asked one id at a time).
+  std::vector<Result<bool>> cancel_many(const std::string& shard_address,
+                                        const std::vector<std::string>& transfer_ids) override {
+    bool capable = false;
+    {
+      std::lock_guard lock(mutex_);
+      const auto found = batch_capable_.find(shard_address);
+      capable = found != batch_capable_.end() && found->second;
+    }
+    if (!capable) return ConsumerControl::cancel_many(shard_address, transfer_ids);
+    std::vector<Result<bool>> answers;
+    answers.reserve(transfer_ids.size());
+    for (std::size_t first = 0; first < transfer_ids.size(); first += kMaxPerFrame) {
+      const std::size_t end = std::min(transfer_ids.size(), first + kMaxPerFrame);
+      std::vector<wire::CancelRequest> items;
+      items.reserve(end - first);
+      for (std::size_t i = first; i < end; ++i) items.push_back(wire::CancelRequest{transfer_ids[i], {}, false, false});
+      auto reply = client_->cancel_batch(shard_address, std::move(items), timeout_);
+      for (std::size_t i = first; i < end; ++i) {
+        if (!reply) {
+          answers.emplace_back(reply.status());
+        } else if (const auto& item = reply->items[i - first]; !item.error.is_ok()) {
+          answers.emplace_back(item.error);
+        } else {
+          answers.emplace_back(item.cancelled);
+        }
+      }
+    }
+    return answers;
   }
   Result<ShardTransfer> transfer_status(const std::string& shard_address, const std::string& transfer_id) override {
     auto reply = client_->status(shard_address, transfer_id, timeout_);
@@ -99,8 +140,12 @@ class ClientConsumerControl final : public scheduler::ConsumerControl {
   void close() override { client_->close(); }
 
  private:
+  // 256 ids of at most 256 bytes stay well inside the default max_frame_bytes (1 MiB).
+  static constexpr std::size_t kMaxPerFrame = 256;
   std::shared_ptr<control::ControlClient> client_;
   Duration timeout_;
+  std::mutex mutex_;                                     // executor threads discover and cancel concurrently
+  std::unordered_map<std::string, bool> batch_capable_;  // by shard address, from its hello; guarded by mutex_
 };
 
 }  // namespace

@@ -93,6 +93,32 @@ TEST_F(ControlRoundTrip, CancelStatusAndErrors) {
   EXPECT_EQ(server->counters().requests[static_cast<int>(wire::Op::status)][1], 1u);
 }
 
+TEST_F(ControlRoundTrip, CancelBatchAnswersEveryItemInOrderAndOneBadItemFailsOnlyItself) {
+  auto hello = client->hello(address, 2s);
+  ASSERT_TRUE(hello.is_ok());
+  EXPECT_TRUE(hello->has_feature(wire::kFeatureCancelBatch));
+  ASSERT_TRUE(client->reserve_batch(address, {item("t-1"), item("t-3")}, 2s).is_ok());
+  auto reply = client->cancel_batch(
+      address,
+      {wire::CancelRequest{"t-1", {}, false, false}, wire::CancelRequest{"t-2", {}, false, false},
+       wire::CancelRequest{"boom", {}, false, false}, wire::CancelRequest{"refused", {}, false, false},
+       wire::CancelRequest{"t-3", {}, false, false}},
+      2s);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->items.size(), 5u);
+  EXPECT_TRUE(reply->items[0].cancelled);
+  EXPECT_TRUE(reply->items[0].error.is_ok());
+  EXPECT_FALSE(reply->items[1].cancelled);  // nothing held: not an error
+  EXPECT_TRUE(reply->items[1].error.is_ok());
+  EXPECT_EQ(reply->items[2].error.code(), StatusCode::internal);
+  EXPECT_NE(reply->items[2].error.message().find("handler exploded"), std::string::npos);
+  EXPECT_EQ(reply->items[3].error.code(), StatusCode::conflict);
+  EXPECT_TRUE(reply->items[4].cancelled);
+  const auto c = server->counters();
+  EXPECT_EQ(c.requests[static_cast<int>(wire::Op::cancel_batch)][0], 1u);
+  EXPECT_EQ(c.handler_exceptions, 1u);
+}
+
 TEST_F(ControlRoundTrip, HandlerExceptionIsAnErrorReplyAndTheServerGoesOn) {
   auto reply = client->reserve_batch(address, {item("boom")}, 2s);
   EXPECT_EQ(reply.status().code(), StatusCode::internal);

@@ -20,7 +20,8 @@
 namespace ecx::control::testing {
 
 // Remembers reservations by transfer id. Transfer ids steer the answer:
-// "full-*" -> retry after 7 ms, "cached-*" -> ready, "boom" -> the handler throws.
+// "full-*" -> retry after 7 ms, "cached-*" -> ready, "boom" -> the handler throws,
+// "refused" -> cancel answers a conflict.
 class TestHandler : public ControlHandler {
  public:
   void describe(wire::HelloReply& reply) override {
@@ -52,6 +53,8 @@ class TestHandler : public ControlHandler {
 
   Result<wire::CancelReply> cancel(const RequestContext&, const wire::CancelRequest& request) override {
     calls.fetch_add(1);
+    if (request.transfer_id == "boom") throw std::runtime_error("handler exploded");
+    if (request.transfer_id == "refused") return conflict("this transfer is someone else's");
     std::lock_guard lock(mutex_);
     return wire::CancelReply{reservations_.erase(request.transfer_id) > 0};
   }

@@ -626,6 +626,51 @@ TEST(CoordinatorConsumer, HooksDoNotWaitForAnInFlightCancel) {
   EXPECT_EQ(h.coordinator.pending_remote_cancels(), 0u);
 }
 
+TEST(CoordinatorConsumer, CancelsQueuedWhileOneIsOnTheWireGoTogetherInOneCallPerShard) {
+  Harness h(testing::consumer_options(), 2, {"tcp://127.0.0.1:14579", "tcp://127.0.0.1:14580"});
+  h.control->locked([&] { return h.control->gated = true; });
+  h.coordinator.request_finished(request("r0", {"h0"}, {"t0"}));
+  ASSERT_TRUE(h.control->wait_started_cancels(1));  // t0 alone: a lone cancel waits for no company
+  for (int i = 1; i <= 3; ++i) {
+    h.coordinator.request_finished(
+        request("r" + std::to_string(i), {"h" + std::to_string(i)}, {"t" + std::to_string(i)}));
+  }
+  EXPECT_EQ(h.coordinator.pending_remote_cancels(), 4u);
+  h.control->open_gate();
+  h.settle_cancels(8);  // 4 transfers on 2 shards
+  EXPECT_EQ(h.coordinator.pending_remote_cancels(), 0u);
+  const auto calls = h.control->locked([&] { return h.control->cancel_many_calls; });
+  const std::vector<std::string> first{"t0"};
+  const std::vector<std::string> rest{"t1", "t2", "t3"};
+  ASSERT_EQ(calls.size(), 4u);  // per shard: t0, then the three that queued behind it
+  EXPECT_EQ(calls[0], std::make_pair(std::string("tcp://127.0.0.1:14579"), first));
+  EXPECT_EQ(calls[1], std::make_pair(std::string("tcp://127.0.0.1:14580"), first));
+  EXPECT_EQ(calls[2], std::make_pair(std::string("tcp://127.0.0.1:14579"), rest));
+  EXPECT_EQ(calls[3], std::make_pair(std::string("tcp://127.0.0.1:14580"), rest));
+  EXPECT_EQ(h.coordinator.stats().cancels_succeeded, 4u);
+  // Two discoveries (one per batch), not one per transfer.
+  EXPECT_EQ(h.control->locked([&] { return h.control->discover_calls; }), 2u);
+}
+
+TEST(CoordinatorConsumer, InABatchOnlyTheCancelsAShardFailedAreAskedAgain) {
+  Harness h(testing::consumer_options(), 2, {"tcp://127.0.0.1:14579", "tcp://127.0.0.1:14580"});
+  h.control->locked([&] { return h.control->gated = true; });
+  h.coordinator.request_finished(request("r0", {"h0"}, {"t0"}));
+  ASSERT_TRUE(h.control->wait_started_cancels(1));
+  h.coordinator.request_finished(request("r1", {"h1"}, {"t1"}));
+  h.coordinator.request_finished(request("r2", {"h2"}, {"t2"}));
+  // The second shard times out once on t2, the second cancel of the batch [t1, t2].
+  h.control->locked([&] { return h.control->cancel_failures_for[{"tcp://127.0.0.1:14580", "t2"}] = 1; });
+  h.control->open_gate();
+  h.settle_cancels(7);  // t0, t1, t2 on both shards, and t2 again on the second
+  const auto calls = h.control->locked([&] { return h.control->cancel_many_calls; });
+  ASSERT_EQ(calls.size(), 5u);
+  EXPECT_EQ(calls[3], std::make_pair(std::string("tcp://127.0.0.1:14580"), std::vector<std::string>{"t1", "t2"}));
+  EXPECT_EQ(calls[4], std::make_pair(std::string("tcp://127.0.0.1:14580"), std::vector<std::string>{"t2"}));
+  EXPECT_EQ(h.coordinator.stats().cancels_succeeded, 3u);
+  EXPECT_EQ(h.coordinator.stats().cancels_failed, 0u);
+}
+
 TEST(CoordinatorConsumer, CloseJoinsTheExecutorAndClosesCollaboratorsOnce) {
   Harness h;
   h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));

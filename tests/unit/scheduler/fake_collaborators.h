@@ -106,9 +106,23 @@ class FakeConsumerControl final : public ConsumerControl {
       --it->second;
       out = timeout_error("control request timed out");
     }
+    if (auto it = cancel_failures_for.find({shard_address, transfer_id});
+        it != cancel_failures_for.end() && it->second > 0) {
+      --it->second;
+      out = timeout_error("control request timed out");
+    }
     ++finished_cancel_calls;
     changed_.notify_all();
     return out;
+  }
+  // Records how the ids were grouped, then asks one at a time (the default).
+  std::vector<Result<bool>> cancel_many(const std::string& shard_address,
+                                        const std::vector<std::string>& transfer_ids) override {
+    {
+      std::lock_guard lock(mutex_);
+      cancel_many_calls.emplace_back(shard_address, transfer_ids);
+    }
+    return ConsumerControl::cancel_many(shard_address, transfer_ids);
   }
   // Answers from `held` (the shard's reservation of the transfer), else not found.
   Result<ShardTransfer> transfer_status(const std::string& shard_address, const std::string& transfer_id) override {
@@ -160,9 +174,11 @@ class FakeConsumerControl final : public ConsumerControl {
   std::size_t discover_calls = 0;
   int discover_failures = 0;
   std::vector<std::pair<std::string, std::string>> cancel_calls;
+  std::vector<std::pair<std::string, std::vector<std::string>>> cancel_many_calls;  // (shard, ids) per call
   std::size_t finished_cancel_calls = 0;
   std::size_t started_cancel_calls = 0;
-  std::map<std::string, int> cancel_failures;
+  std::map<std::string, int> cancel_failures;                              // by shard: its next N cancels time out
+  std::map<std::pair<std::string, std::string>, int> cancel_failures_for;  // by (shard, transfer id)
   std::vector<std::pair<std::string, std::string>> status_calls;
   std::map<std::pair<std::string, std::string>, ShardTransfer> held;  // (shard address, transfer id)
   std::set<std::thread::id> threads;

@@ -106,6 +106,54 @@ TEST(WireCodec, CancelStatusCompleteRoundTrip) {
   EXPECT_EQ(std::get<CompleteReply>(round_trip(reply).body), (CompleteReply{true, false}));
 }
 
+TEST(WireCodec, CancelBatchRoundTrip) {
+  CancelBatchRequest batch;
+  batch.items = {CancelRequest{"t-1", ReservationId(3, 4), true, true}, CancelRequest{"t-2", {}, false, false}};
+  const Request back = round_trip(Request{7, 0, batch});
+  EXPECT_EQ(back.op(), Op::cancel_batch);
+  EXPECT_EQ(std::get<CancelBatchRequest>(back.body), batch);
+
+  CancelBatchReply answer;
+  answer.items = {CancelResult{true, {}}, CancelResult{false, {}},
+                  CancelResult{false, invalid_argument("items[2].transfer_id is not a valid id")}};
+  Reply reply;
+  reply.id = 7;
+  reply.op = Op::cancel_batch;
+  reply.body = answer;
+  EXPECT_EQ(std::get<CancelBatchReply>(round_trip(reply).body), answer);
+}
+
+TEST(WireCodec, ACancelBatchItemThatDoesNotDecodeFailsThatItemOnly) {
+  RawMap top(4);
+  top.kv("v", 1).kv("id", 3).kv("op", std::string("cancel_batch"));
+  auto& pk = top.packer();
+  pk.pack(std::string("body"));
+  pk.pack_map(1);
+  pk.pack(std::string("items"));
+  pk.pack_array(3);
+  pk.pack_map(1);
+  pk.pack(std::string("transfer_id"));
+  pk.pack(std::string("a"));
+  pk.pack_map(1);
+  pk.pack(std::string("transfer_id"));
+  pk.pack(17);  // not a string
+  pk.pack_map(1);
+  pk.pack(std::string("transfer_id"));
+  pk.pack(std::string("c"));
+
+  auto decoded = decode_request(top.str(), Limits{});
+  ASSERT_TRUE(decoded.is_ok()) << decoded.status().to_string();
+  const auto& batch = std::get<CancelBatchRequest>(decoded->request.body);
+  ASSERT_EQ(batch.items.size(), 2u);
+  EXPECT_EQ(batch.items[0].transfer_id, "a");
+  EXPECT_EQ(batch.items[1].transfer_id, "c");
+  ASSERT_EQ(decoded->item_errors.size(), 1u);
+  EXPECT_EQ(decoded->item_errors[0].index, 1u);
+  EXPECT_EQ(decoded->item_errors[0].error.code(), StatusCode::invalid_argument);
+  EXPECT_NE(decoded->item_errors[0].error.message().find("items[1].transfer_id"), std::string::npos)
+      << decoded->item_errors[0].error.message();
+}
+
 TEST(WireCodec, ErrorReplyCarriesCodeReasonAndVersions) {
   Reply reply;
   reply.id = 5;

@@ -66,6 +66,16 @@ class ConsumerControl {
   // Asks one shard to cancel its reservation for `transfer_id`; true when the
   // shard cancelled something, false when it had nothing to cancel.
   virtual Result<bool> cancel(const std::string& shard_address, const std::string& transfer_id) = 0;
+  // The same for several transfers: one answer per id, in order. A collaborator that
+  // can send them together (the control protocol's cancel_batch) overrides this; the
+  // default asks one at a time.
+  virtual std::vector<Result<bool>> cancel_many(const std::string& shard_address,
+                                                const std::vector<std::string>& transfer_ids) {
+    std::vector<Result<bool>> answers;
+    answers.reserve(transfer_ids.size());
+    for (const auto& id : transfer_ids) answers.push_back(cancel(shard_address, id));
+    return answers;
+  }
   // What one shard holds for `transfer_id` (the diagnostic `status` request): the
   // readiness recheck asks this of every shard for a transfer whose readiness event
   // has not come. A collaborator that cannot ask answers unavailable.
