@@ -67,6 +67,10 @@ struct BenchOptions {
   // each message is sent from and lands in memory not touched since (as ECX's pools do).
   std::string spread_text;
   std::uint64_t spread = 0;  // parsed spread_text (the consumer half gets it as a number)
+  // UCX series: each send waits this long after a send completed, so that it starts on
+  // an idle plane (both progress threads asleep, as before an engine's lone item)
+  // instead of behind its predecessor. 0: back to back.
+  std::uint32_t gap_us = 0;
   // Hidden: the consumer half, started by the producer as a child process.
   bool consumer = false;
   std::uint64_t consumer_slot_bytes = 0;
@@ -347,7 +351,10 @@ class WindowedOps {
   using Done = std::function<void(Status)>;
   using Issue = std::function<Status(std::uint64_t index, Done done)>;
 
-  WindowedOps(std::uint64_t window, std::uint64_t expected) : window_(window) { latencies_us_.reserve(expected); }
+  WindowedOps(std::uint64_t window, std::uint64_t expected, Duration gap = Duration::zero())
+      : window_(window), gap_(gap) {
+    latencies_us_.reserve(expected);
+  }
 
   // The first error among the `n` operations, or ok; latencies are kept when `record`.
   Status run(std::uint64_t n, bool record, const Issue& issue) {
@@ -359,6 +366,7 @@ class WindowedOps {
         }
         ++in_flight_;
       }
+      if (gap_ > Duration::zero()) std::this_thread::sleep_for(gap_);  // the pause asked for (--gap), not a wait
       const auto started = Clock::now();
       auto status = issue(i, [this, started, record](const Status& s) {
         const double us = std::chrono::duration<double, std::micro>(Clock::now() - started).count();
@@ -384,6 +392,7 @@ class WindowedOps {
 
  private:
   const std::uint64_t window_;
+  const Duration gap_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::uint64_t in_flight_ = 0;
@@ -422,7 +431,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   auto endpoint = transport->connect(line->substr(8));
   if (!endpoint) return endpoint.status();
 
-  WindowedOps ops(window, count);
+  WindowedOps ops(window, count, std::chrono::microseconds(options.gap_us));
   const auto clock = SteadyClock::shared();
   auto run_batch = [&](std::uint64_t n, bool record) -> Status {
     return ops.run(n, record, [&](std::uint64_t i, WindowedOps::Done done) {
@@ -749,8 +758,10 @@ int run_bench(BenchOptions options) {
       "CPUs\n",
       mooncake ? std::string("mooncake (tcp) next to UCX tcp") : std::string(data_link_name(options.transport)),
       ucx_tls(options.transport), options.mode, options.window,
-      options.spread != 0 ? fmt::format(", ECX spread over {} bytes", options.spread) : std::string(), options.repeat,
-      transport::ucx_library_version(), load, std::thread::hardware_concurrency());
+      (options.spread != 0 ? fmt::format(", ECX spread over {} bytes", options.spread) : std::string()) +
+          (options.gap_us != 0 ? fmt::format(", each ECX send {} us after one completed", options.gap_us)
+                               : std::string()),
+      options.repeat, transport::ucx_library_version(), load, std::thread::hardware_concurrency());
   std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
                            "ratio");
   std::vector<Series> all;
@@ -895,6 +906,11 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
                   "UCX series: send from and land in a ring of this many bytes (e.g. 1GiB), memory not touched since, "
                   "as ECX's pools do; default: every message is sent from one buffer and lands in one buffer, as "
                   "ucx_perftest's messages do (the same memory footprint)");
+  cmd->add_option("--gap", options->gap_us,
+                  "UCX series: microseconds each send waits after a send completed, so that it starts on an idle "
+                  "plane (with --window 1: one message at a time, as an engine's lone item); 0: back to back")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1'000'000));
   auto* consumer = cmd->add_flag("--consumer", options->consumer, "run the consumer half (internal)");
   auto* slot = cmd->add_option("--slot-bytes", options->consumer_slot_bytes, "consumer slot size (internal)");
   auto* consumer_spread = cmd->add_option("--consumer-spread", options->spread, "ring size in bytes (internal)");

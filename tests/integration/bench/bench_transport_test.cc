@@ -85,6 +85,16 @@ TEST(BenchTransport, MovesEveryMessageWithAndWithoutSpread) {
   EXPECT_NE(spread.output.find("ECX spread over 4194304 bytes"), std::string::npos) << spread.output;
 }
 
+TEST(BenchTransport, AGapSpacesTheSendsAndEveryMessageStillArrives) {
+  const BenchRun run = bench_transport("gap", {"--gap", "500"});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_GT(ecx_gbps(run), 0.0) << run.output;
+  EXPECT_NE(run.output.find("each ECX send 500 us after one completed"), std::string::npos) << run.output;
+  const BenchRun bad = bench_transport("bad-gap", {"--gap", "-5"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--gap"), std::string::npos) << bad.output;
+}
+
 TEST(BenchTransport, ASpreadTooSmallForTheWindowIsRefusedNamingIt) {
   const BenchRun run = bench_transport("small", {"--spread", "256KiB"});
   EXPECT_EQ(run.exit_code, 2);
