@@ -557,6 +557,26 @@ void ControlServer::State::send_reply(const zmq::message_t& identity, const wire
   if (!detail::send_frames(router, &identity, scratch, mac ? &*mac : nullptr)) replies_unsent.add();
 }
 
+namespace {
+
+// A batch request's items in their order: `on_error(error)` for one that did not
+// decode (decoding recorded it by index), `on_valid(k)` for the k-th one that did.
+template <typename OnError, typename OnValid>
+void for_each_batch_item(std::size_t valid, const std::vector<wire::ItemError>& errors, OnError on_error,
+                         OnValid on_valid) {
+  std::size_t next_valid = 0;
+  std::size_t next_error = 0;
+  for (std::size_t i = 0; i < valid + errors.size(); ++i) {
+    if (next_error < errors.size() && errors[next_error].index == i) {
+      on_error(errors[next_error++].error);
+    } else {
+      on_valid(next_valid++);
+    }
+  }
+}
+
+}  // namespace
+
 wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
   wire::Request& request = decoded.request;
   wire::Reply reply;
@@ -600,17 +620,11 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
                                        wire::ReserveResult::failed(internal_error("no answer for this item")));
                      }
                      wire::ReserveBatchReply batch;
-                     const std::size_t total = r.items.size() + decoded.item_errors.size();
-                     batch.items.reserve(total);
-                     std::size_t next_valid = 0;
-                     std::size_t next_error = 0;
-                     for (std::size_t i = 0; i < total; ++i) {
-                       if (next_error < decoded.item_errors.size() && decoded.item_errors[next_error].index == i) {
-                         batch.items.push_back(wire::ReserveResult::failed(decoded.item_errors[next_error++].error));
-                       } else {
-                         batch.items.push_back(std::move(answered[next_valid++]));
-                       }
-                     }
+                     batch.items.reserve(r.items.size() + decoded.item_errors.size());
+                     for_each_batch_item(
+                         r.items.size(), decoded.item_errors,
+                         [&](const Status& error) { batch.items.push_back(wire::ReserveResult::failed(error)); },
+                         [&](std::size_t k) { batch.items.push_back(std::move(answered[k])); });
                      reply.body = std::move(batch);
                    },
                    [&](const wire::CancelRequest& r) { settle(handler->cancel(request_context, r)); },
@@ -618,30 +632,28 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
                      // Each item as its own cancel would be (a throwing handler fails
                      // that item only); malformed items keep their place with their error.
                      wire::CancelBatchReply batch;
-                     const std::size_t total = r.items.size() + decoded.item_errors.size();
-                     batch.items.reserve(total);
-                     std::size_t next_valid = 0;
-                     std::size_t next_error = 0;
-                     for (std::size_t i = 0; i < total; ++i) {
-                       wire::CancelResult& out = batch.items.emplace_back();
-                       if (next_error < decoded.item_errors.size() && decoded.item_errors[next_error].index == i) {
-                         out.error = decoded.item_errors[next_error++].error;
-                         continue;
-                       }
-                       const wire::CancelRequest& item = r.items[next_valid++];
-                       try {
-                         auto answered = handler->cancel(request_context, item);
-                         if (answered) {
-                           out.cancelled = answered->cancelled;
-                         } else {
-                           out.error = answered.status();
-                         }
-                       } catch (const std::exception& e) {
-                         handler_exceptions.add();
-                         log->error("cancel handler failed for {}: {}", item.transfer_id, e.what());
-                         out.error = internal_error(fmt::format("cancel failed on the server: {}", e.what()));
-                       }
-                     }
+                     batch.items.reserve(r.items.size() + decoded.item_errors.size());
+                     for_each_batch_item(
+                         r.items.size(), decoded.item_errors,
+                         [&](const Status& error) {
+                           batch.items.push_back(wire::CancelResult{false, error});
+                         },
+                         [&](std::size_t k) {
+                           wire::CancelResult& out = batch.items.emplace_back();
+                           const wire::CancelRequest& item = r.items[k];
+                           try {
+                             auto answered = handler->cancel(request_context, item);
+                             if (answered) {
+                               out.cancelled = answered->cancelled;
+                             } else {
+                               out.error = answered.status();
+                             }
+                           } catch (const std::exception& e) {
+                             handler_exceptions.add();
+                             log->error("cancel handler failed for {}: {}", item.transfer_id, e.what());
+                             out.error = internal_error(fmt::format("cancel failed on the server: {}", e.what()));
+                           }
+                         });
                      reply.body = std::move(batch);
                    },
                    [&](const wire::StatusRequest& r) { settle(handler->status(request_context, r)); },

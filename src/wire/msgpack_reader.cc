@@ -33,6 +33,13 @@ std::string_view type_name(const Obj& o) {
   return "unknown";
 }
 
+Result<const msgpack::object_array*> batch_items(const Obj& body, const Limits& limits) {
+  static const std::array<std::string_view, 1> kNames = {"items"};
+  Fields<1> f(kNames, "body");
+  ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
+  return f.array(0, limits.max_batch_items);
+}
+
 Result<ErrorFields> read_error(const Obj& o, const std::string& path, const Limits& limits) {
   static const std::array<std::string_view, 5> kNames = {"code", "message", "reason", "min_version", "max_version"};
   Fields<5> f(kNames, path);

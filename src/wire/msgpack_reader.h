@@ -205,6 +205,10 @@ struct ErrorFields {
 
 Result<ErrorFields> read_error(const Obj& o, const std::string& path, const Limits& limits);
 
+// The `items` array of a batch body (reserve_batch, cancel_batch; requests and
+// replies), at most limits.max_batch_items long.
+Result<const msgpack::object_array*> batch_items(const Obj& body, const Limits& limits);
+
 // Parses the bytes into an object tree, enforcing every container and string bound
 // before it is allocated. Strings and binaries point into `frame` (no copies), so
 // the tree must not outlive it.

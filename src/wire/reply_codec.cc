@@ -245,6 +245,23 @@ Result<CancelResult> read_cancel_result(const Obj& o, std::uint32_t index, const
   return r;
 }
 
+// A batch reply's items, one per request item: a reply with an item that does not
+// decode is malformed as a whole (the client could not tell which answer is whose).
+template <typename Item>
+Result<std::vector<Item>> read_batch(const Obj& body, const Limits& limits,
+                                     Result<Item> (*read_one)(const Obj&, std::uint32_t, const Limits&)) {
+  auto items = detail::batch_items(body, limits);
+  if (!items) return items.status();
+  std::vector<Item> out;
+  out.reserve((*items)->size);
+  for (std::uint32_t i = 0; i < (*items)->size; ++i) {
+    auto item = read_one((*items)->ptr[i], i, limits);
+    if (!item) return item.status();
+    out.push_back(std::move(*item));
+  }
+  return out;
+}
+
 Result<ReplyBody> read_reply_body(Op op, const Obj& body, const Limits& limits) {
   switch (op) {
     case Op::hello: {
@@ -295,18 +312,8 @@ Result<ReplyBody> read_reply_body(Op op, const Obj& body, const Limits& limits) 
       return ReplyBody{std::move(r)};
     }
     case Op::reserve_batch: {
-      static const std::array<std::string_view, 1> kNames = {"items"};
-      Fields<1> f(kNames, "body");
-      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
-      const msgpack::object_array* items = nullptr;
-      WIRE_ASSIGN(items, f.array(0, limits.max_batch_items));
       ReserveBatchReply r;
-      r.items.reserve(items->size);
-      for (std::uint32_t i = 0; i < items->size; ++i) {
-        auto item = read_reserve_result(items->ptr[i], i, limits);
-        if (!item) return item.status();
-        r.items.push_back(std::move(*item));
-      }
+      WIRE_ASSIGN(r.items, read_batch(body, limits, read_reserve_result));
       return ReplyBody{std::move(r)};
     }
     case Op::cancel: {
@@ -318,18 +325,8 @@ Result<ReplyBody> read_reply_body(Op op, const Obj& body, const Limits& limits) 
       return ReplyBody{r};
     }
     case Op::cancel_batch: {
-      static const std::array<std::string_view, 1> kNames = {"items"};
-      Fields<1> f(kNames, "body");
-      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
-      const msgpack::object_array* items = nullptr;
-      WIRE_ASSIGN(items, f.array(0, limits.max_batch_items));
       CancelBatchReply r;
-      r.items.reserve(items->size);
-      for (std::uint32_t i = 0; i < items->size; ++i) {
-        auto item = read_cancel_result(items->ptr[i], i, limits);
-        if (!item) return item.status();
-        r.items.push_back(std::move(*item));
-      }
+      WIRE_ASSIGN(r.items, read_batch(body, limits, read_cancel_result));
       return ReplyBody{std::move(r)};
     }
     case Op::status: {

@@ -142,6 +142,26 @@ Result<CancelRequest> read_cancel(const Obj& o, std::string path) {
   return r;
 }
 
+// A batch body's items, each read by `read_one`; one that does not decode is recorded
+// in `item_errors` (and answered as an error by the server) while the others go on.
+template <typename Item, typename ReadOne>
+Result<std::vector<Item>> read_batch(const Obj& body, const Limits& limits, std::vector<ItemError>& item_errors,
+                                     ReadOne read_one) {
+  std::vector<Item> out;
+  auto items = detail::batch_items(body, limits);
+  if (!items) return items.status();
+  out.reserve((*items)->size);
+  for (std::uint32_t i = 0; i < (*items)->size; ++i) {
+    auto item = read_one((*items)->ptr[i], i);
+    if (item) {
+      out.push_back(std::move(*item));
+    } else {
+      item_errors.push_back(ItemError{i, item.status()});
+    }
+  }
+  return out;
+}
+
 Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& limits,
                                       std::vector<ItemError>& item_errors) {
   static const Obj kEmptyMap = [] {
@@ -164,21 +184,9 @@ Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& 
       return RequestBody{std::move(r)};
     }
     case Op::reserve_batch: {
-      static const std::array<std::string_view, 1> kNames = {"items"};
-      Fields<1> f(kNames, "body");
-      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
-      const msgpack::object_array* items = nullptr;
-      WIRE_ASSIGN(items, f.array(0, limits.max_batch_items));
       ReserveBatchRequest r;
-      r.items.reserve(items->size);
-      for (std::uint32_t i = 0; i < items->size; ++i) {
-        auto item = read_item(items->ptr[i], i);
-        if (item) {
-          r.items.push_back(std::move(*item));
-        } else {
-          item_errors.push_back(ItemError{i, item.status()});
-        }
-      }
+      WIRE_ASSIGN(r.items, read_batch<ReserveItem>(body, limits, item_errors,
+                                                   [](const Obj& o, std::uint32_t i) { return read_item(o, i); }));
       return RequestBody{std::move(r)};
     }
     case Op::cancel: {
@@ -187,21 +195,10 @@ Result<RequestBody> read_request_body(Op op, const Obj* body_obj, const Limits& 
       return RequestBody{std::move(*r)};
     }
     case Op::cancel_batch: {
-      static const std::array<std::string_view, 1> kNames = {"items"};
-      Fields<1> f(kNames, "body");
-      ECX_RETURN_IF_ERROR(f.read(body, StatusCode::protocol));
-      const msgpack::object_array* items = nullptr;
-      WIRE_ASSIGN(items, f.array(0, limits.max_batch_items));
       CancelBatchRequest r;
-      r.items.reserve(items->size);
-      for (std::uint32_t i = 0; i < items->size; ++i) {
-        auto item = read_cancel(items->ptr[i], fmt::format("items[{}]", i));
-        if (item) {
-          r.items.push_back(std::move(*item));
-        } else {
-          item_errors.push_back(ItemError{i, item.status()});
-        }
-      }
+      WIRE_ASSIGN(r.items, read_batch<CancelRequest>(body, limits, item_errors, [](const Obj& o, std::uint32_t i) {
+                    return read_cancel(o, fmt::format("items[{}]", i));
+                  }));
       return RequestBody{std::move(r)};
     }
     case Op::status: {

@@ -7,6 +7,7 @@
 #include <zmq_addon.hpp>
 
 #include "../wire/malformed_corpus.h"
+#include "../wire/wire_test_util.h"
 #include "control_test_util.h"
 #include "ecx/control/client.h"
 #include "ecx/wire/auth.h"
@@ -106,6 +107,29 @@ TEST(ControlServerRobustness, SurvivesTheMalformedCorpusAndStillAnswers) {
   EXPECT_EQ(c.version_mismatches, expect_versions);
   EXPECT_EQ(c.unknown_ops, expect_unknown);
   EXPECT_EQ(handler->calls.load(), 2) << "no bad frame reached the handler";
+}
+
+TEST(ControlServerRobustness, ACancelBatchItemThatDoesNotDecodeIsAnsweredInItsPlace) {
+  auto handler = std::make_shared<TestHandler>();
+  auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  ASSERT_TRUE(client->reserve_batch(local(server->port()), {testing::item("t-1")}, 2s).is_ok());
+  RawPeer peer(local(server->port()));
+  peer.send({wire::testing::cancel_batch_frame(
+      5, {std::string("t-2"), std::string("bad id with spaces"), std::string("t-1")})});
+  auto parts = peer.receive();
+  ASSERT_EQ(parts.size(), 1u);
+  auto reply = wire::decode_reply(parts[0], wire::Limits{});
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_TRUE(reply->ok()) << reply->status.to_string();
+  const auto& items = std::get<wire::CancelBatchReply>(reply->body).items;
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_TRUE(items[0].error.is_ok());
+  EXPECT_FALSE(items[0].cancelled);
+  EXPECT_EQ(items[1].error.code(), StatusCode::invalid_argument);
+  EXPECT_NE(items[1].error.message().find("transfer_id"), std::string::npos) << items[1].error.message();
+  EXPECT_TRUE(items[2].error.is_ok());
+  EXPECT_TRUE(items[2].cancelled);  // the items after the bad one still ran
 }
 
 TEST(ControlServerRobustness, OversizedFrameDropsThatConnectionOnly) {

@@ -6,6 +6,7 @@
 namespace ecx::wire {
 namespace {
 
+using testing::cancel_batch_frame;
 using testing::item;
 using testing::RawMap;
 using testing::spec;
@@ -124,24 +125,9 @@ TEST(WireCodec, CancelBatchRoundTrip) {
 }
 
 TEST(WireCodec, ACancelBatchItemThatDoesNotDecodeFailsThatItemOnly) {
-  RawMap top(4);
-  top.kv("v", 1).kv("id", 3).kv("op", std::string("cancel_batch"));
-  auto& pk = top.packer();
-  pk.pack(std::string("body"));
-  pk.pack_map(1);
-  pk.pack(std::string("items"));
-  pk.pack_array(3);
-  pk.pack_map(1);
-  pk.pack(std::string("transfer_id"));
-  pk.pack(std::string("a"));
-  pk.pack_map(1);
-  pk.pack(std::string("transfer_id"));
-  pk.pack(17);  // not a string
-  pk.pack_map(1);
-  pk.pack(std::string("transfer_id"));
-  pk.pack(std::string("c"));
+  const std::string frame = cancel_batch_frame(3, {std::string("a"), 17, std::string("c")});  // 17: not a string
 
-  auto decoded = decode_request(top.str(), Limits{});
+  auto decoded = decode_request(frame, Limits{});
   ASSERT_TRUE(decoded.is_ok()) << decoded.status().to_string();
   const auto& batch = std::get<CancelBatchRequest>(decoded->request.body);
   ASSERT_EQ(batch.items.size(), 2u);

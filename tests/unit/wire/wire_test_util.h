@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <variant>
+#include <vector>
+
 #include <msgpack.hpp>
 
 #include "ecx/core/dtype.h"
@@ -38,5 +41,24 @@ class RawMap {
   msgpack::sbuffer buffer_;
   msgpack::packer<msgpack::sbuffer> packer_;
 };
+
+// A cancel_batch request whose items carry only a transfer_id each: a string, or an
+// integer for an item that cannot decode.
+inline std::string cancel_batch_frame(std::uint64_t id,
+                                      const std::vector<std::variant<std::string, int>>& transfer_ids) {
+  RawMap top(4);
+  top.kv("v", 1).kv("id", id).kv("op", std::string("cancel_batch"));
+  auto& pk = top.packer();
+  pk.pack(std::string("body"));
+  pk.pack_map(1);
+  pk.pack(std::string("items"));
+  pk.pack_array(static_cast<std::uint32_t>(transfer_ids.size()));
+  for (const auto& transfer_id : transfer_ids) {
+    pk.pack_map(1);
+    pk.pack(std::string("transfer_id"));
+    std::visit([&pk](const auto& value) { pk.pack(value); }, transfer_id);
+  }
+  return top.str();
+}
 
 }  // namespace ecx::wire::testing
