@@ -1,6 +1,7 @@
 #include "ecx/connector/worker/scheduler_links.h"
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 
@@ -118,6 +119,19 @@ class ClientConsumerControl final : public scheduler::ConsumerControl {
       items.reserve(end - first);
       for (std::size_t i = first; i < end; ++i) items.push_back(wire::CancelRequest{transfer_ids[i], {}, false, false});
       auto reply = client_->cancel_batch(shard_address, std::move(items), timeout_);
+      if (!reply && reply.status().code() == StatusCode::protocol) {
+        // The shard refused the op (e.g. restarted as an older release that does not
+        // know it): ask it one id at a time from now on.
+        {
+          std::lock_guard lock(mutex_);
+          batch_capable_[shard_address] = false;
+        }
+        const std::vector<std::string> rest(transfer_ids.begin() + static_cast<std::ptrdiff_t>(first),
+                                            transfer_ids.end());
+        auto one_by_one = ConsumerControl::cancel_many(shard_address, rest);
+        std::move(one_by_one.begin(), one_by_one.end(), std::back_inserter(answers));
+        return answers;
+      }
       for (std::size_t i = first; i < end; ++i) {
         if (!reply) {
           answers.emplace_back(reply.status());

@@ -10,6 +10,7 @@
 #include "ecx/control/client.h"
 #include "ecx/control/server.h"
 #include "ecx/wire/codec.h"
+#include "hand_driven_router.h"
 
 namespace ecx::control {
 namespace {
@@ -231,37 +232,7 @@ TEST(ControlDeadlines, NobodyListeningIsATimeout) {
 
 // ---------------------------------------------------------------- lanes (blocking calls)
 
-// A ROUTER driven by the test: it hands over each request and sends the replies it is told to.
-struct HandDrivenRouter {
-  HandDrivenRouter() : router(ctx, zmq::socket_type::router) {
-    router.set(zmq::sockopt::linger, 0);
-    router.bind("tcp://127.0.0.1:*");
-    address = router.get(zmq::sockopt::last_endpoint);
-  }
-  // The next request's routing id and decoded request; nullopt when none came within 5 s.
-  std::optional<std::pair<std::string, wire::Request>> next_request() {
-    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, 5000ms) != 1) return std::nullopt;
-    std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(router, std::back_inserter(parts)) || parts.size() != 2) return std::nullopt;
-    auto decoded = wire::decode_request(parts[1].to_string_view(), wire::Limits{});
-    if (!decoded) return std::nullopt;
-    return std::make_pair(parts[0].to_string(), decoded->request);
-  }
-  void answer_status(const std::string& routing_id, std::uint64_t request_id, const std::string& state) {
-    wire::Reply reply;
-    reply.id = request_id;
-    reply.op = wire::Op::status;
-    reply.body = wire::StatusReply{true, state, "h", {}, 0, std::nullopt};
-    std::string frame;
-    wire::encode_reply(reply, nullptr, frame);
-    router.send(zmq::buffer(routing_id), zmq::send_flags::sndmore);
-    router.send(zmq::buffer(frame), zmq::send_flags::none);
-  }
-  zmq::context_t ctx;
-  zmq::socket_t router;
-  std::string address;
-};
+using testing::HandDrivenRouter;
 
 TEST_F(ControlRoundTrip, BlockingCallsGoOverALaneThatIsKeptForTheNextCall) {
   ASSERT_TRUE(client->hello(address, 2s).is_ok());

@@ -2,6 +2,7 @@
 // loopback publishes readiness events, the source built by make_event_source drains
 // them through a real EventInbox.
 #include <chrono>
+#include <future>
 #include <set>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../control/control_test_util.h"
+#include "../control/hand_driven_router.h"
 #include "ecx/connector/worker/scheduler_links.h"
 #include "ecx/control/client.h"
 #include "ecx/core/config.h"
@@ -84,6 +86,91 @@ TEST(InboxEventSource, EventsBeyondOneDrainsBoundComeInTheNextDrains) {
   EXPECT_EQ(source->drain(out, 3), 0u);
   source->close();
   EXPECT_EQ(source->drain(out, 3), 0u);
+}
+
+// ---------------------------------------------------------------- the consumer control
+
+TEST(ConsumerControlOverTheControlPlane, CancelsForOneShardGoInOneFrame) {
+  OneShard consumer;
+  const std::string address = control::testing::local(consumer.shards[0]->port());
+  auto control = make_consumer_control(consumer.client, 2s);
+  ASSERT_TRUE(control->discover_shards(address).is_ok());
+  ASSERT_TRUE(
+      consumer.client->reserve_batch(address, {control::testing::item("t-1"), control::testing::item("t-2")}, 2s)
+          .is_ok());
+  const auto answers = control->cancel_many(address, {"t-1", "t-unknown", "t-2"});
+  ASSERT_EQ(answers.size(), 3u);
+  ASSERT_TRUE(answers[0].is_ok() && answers[1].is_ok() && answers[2].is_ok());
+  EXPECT_TRUE(*answers[0]);
+  EXPECT_FALSE(*answers[1]);  // nothing held: not an error
+  EXPECT_TRUE(*answers[2]);
+  const auto c = consumer.shards[0]->counters();
+  EXPECT_EQ(c.requests[static_cast<int>(wire::Op::cancel_batch)][0], 1u);
+  EXPECT_EQ(c.requests[static_cast<int>(wire::Op::cancel)][0], 0u);
+}
+
+// A shard that announced cancel_batch and then refuses it (restarted as an older
+// release) is asked one cancel per transfer, and nothing is lost.
+TEST(ConsumerControlOverTheControlPlane, AShardThatRefusesTheBatchIsAskedOneByOne) {
+  control::testing::HandDrivenRouter shard;
+  std::shared_ptr<control::ControlClient> client = control::testing::must(control::ControlClient::create({}));
+  auto control = make_consumer_control(client, 2s);
+  auto discovered = std::async(std::launch::async, [&] { return control->discover_shards(shard.address); });
+  for (int i = 0; i < 2; ++i) {  // discovery may say hello more than once (base, then each shard)
+    auto hello = shard.next_request();
+    ASSERT_TRUE(hello);
+    ASSERT_EQ(hello->second.op(), wire::Op::hello);
+    wire::Reply reply;
+    reply.id = hello->second.id;
+    reply.op = wire::Op::hello;
+    wire::HelloReply body;
+    body.control_ports = {static_cast<std::uint32_t>(shard.port())};
+    body.event_port = 1;
+    body.instance = "old-release";
+    body.features = {std::string(wire::kFeatureReceiverLands), std::string(wire::kFeatureCancelBatch)};
+    body.data = wire::DataPlane{"ucx", "addr", "", 0};
+    reply.body = body;
+    shard.answer(hello->first, reply);
+    if (discovered.wait_for(200ms) == std::future_status::ready) break;
+  }
+  ASSERT_TRUE(discovered.get().is_ok());
+
+  auto cancelled = std::async(std::launch::async, [&] { return control->cancel_many(shard.address, {"t-1", "t-2"}); });
+  auto batch = shard.next_request();
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->second.op(), wire::Op::cancel_batch);
+  shard.answer(batch->first,
+               wire::make_reject_reply(batch->second.id, wire::RejectReason::unknown_op, "unknown op 'cancel_batch'"));
+  for (const std::string expected : {"t-1", "t-2"}) {
+    auto one = shard.next_request();
+    ASSERT_TRUE(one);
+    ASSERT_EQ(one->second.op(), wire::Op::cancel);
+    EXPECT_EQ(std::get<wire::CancelRequest>(one->second.body).transfer_id, expected);
+    wire::Reply reply;
+    reply.id = one->second.id;
+    reply.op = wire::Op::cancel;
+    reply.body = wire::CancelReply{true};
+    shard.answer(one->first, reply);
+  }
+  const auto answers = cancelled.get();
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_TRUE(answers[0].is_ok() && *answers[0]);
+  EXPECT_TRUE(answers[1].is_ok() && *answers[1]);
+
+  // From now on it is asked one at a time straight away.
+  auto again = std::async(std::launch::async, [&] { return control->cancel_many(shard.address, {"t-3"}); });
+  auto next = shard.next_request();
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->second.op(), wire::Op::cancel);
+  wire::Reply reply;
+  reply.id = next->second.id;
+  reply.op = wire::Op::cancel;
+  reply.body = wire::CancelReply{false};
+  shard.answer(next->first, reply);
+  const auto last = again.get();
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_TRUE(last[0].is_ok());
+  control->close();
 }
 
 }  // namespace
