@@ -237,8 +237,10 @@ export async function startProxy(args, env = {}) {
   };
 }
 
-// Polls `check` until it returns a truthy value; fails after `ms`.
-export async function eventually(check, ms = 5000, what = 'condition') {
+// Polls `check` until it returns a truthy value; fails after `ms`. The bound is a
+// failure's wait, not a pass's: generous, so that a 2-CPU machine running other
+// tests beside this one does not turn slowness into a failure (seen at 5 s).
+export async function eventually(check, ms = 20000, what = 'condition') {
   const deadline = Date.now() + ms;
   for (;;) {
     const value = await check();

@@ -334,20 +334,20 @@ test('admin API: key check, registration, liveness eviction, re-admission, forge
   assert.equal(e.chats()[0].body.ec_transfer_params.consumer_zmq, 'tcp://127.0.0.1:15040');
 
   e.healthy = false;
-  await eventually(async () => (await admin('GET')).json.encode.evicted.includes(e.url), 5000, 'eviction');
+  await eventually(async () => (await admin('GET')).json.encode.evicted.includes(e.url), 20000, 'eviction');
   const refused = await openai.chat.completions.create(chatWithImages()).catch((x) => x);
   assert.equal(refused.status, 503);
   assert.equal(refused.error.stage, 'encode');
 
   e.healthy = true;
-  await eventually(async () => (await admin('GET')).json.encode.live.includes(e.url), 5000, 're-admission');
+  await eventually(async () => (await admin('GET')).json.encode.live.includes(e.url), 20000, 're-admission');
   await openai.chat.completions.create(chatWithImages());
 
   e.healthy = false;
   await eventually(async () => {
     const now = (await admin('GET')).json.encode;
     return now.live.length === 0 && now.evicted.length === 0;
-  }, 5000, 'forgetting after the evicted TTL');
+  }, 20000, 'forgetting after the evicted TTL');
 
   r = await admin('DELETE', { url: d.url });
   assert.deepEqual(r.json, { unregistered: d.url, found: true });
@@ -380,7 +380,7 @@ test('SIGTERM: stops accepting, finishes the stream in flight, exits 0', async (
     });
     req.on('error', (err) => resolve(err.code === 'ECONNREFUSED'));
     req.end();
-  }), 5000, 'the listener to close');
+  }), 20000, 'the listener to close');
 
   release();
   let text = first.value.choices[0].delta.content;

@@ -37,7 +37,7 @@ async function metrics(p) {
 
 // Waits (bounded) until the proxy's presence index knows `entries` store entries.
 async function indexHolds(p, entries) {
-  await eventually(async () => sample(await metrics(p), 'ecx_store_presence_entries') === entries, 5000,
+  await eventually(async () => sample(await metrics(p), 'ecx_store_presence_entries') === entries, 20000,
                    `the presence index to hold ${entries} entries`);
 }
 
@@ -102,7 +102,7 @@ test('E+PD: stored images skip the encoder, partly stored requests encode only t
     ec_items: [{ mm_hash: hashOf(IMG_A), store: true }],
   });
   await eventually(() => /request stored-1: all 1 image\(s\) are in the store; no encoder called/.test(p.stderr()),
-                   5000, 'the debug line of the skipped request');
+                   20000, 'the debug line of the skipped request');
 
   // (c) One image stored, one not: only the other is encoded; each keeps its position.
   await openai.chat.completions.create(chat(IMG_A, IMG_B), { headers: { 'x-request-id': 'partly-1' } });
