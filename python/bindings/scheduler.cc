@@ -18,6 +18,8 @@
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
+#include "ecx/core/metrics.h"
+#include "ecx/core/metrics_server.h"
 
 namespace ecx::python {
 namespace {
@@ -156,12 +158,28 @@ class PyScheduler {
     impl().update_connector_output(out);
   }
 
+  // An endpoint of the scheduler's own (ecx_scheduler_* only): vLLM runs the
+  // scheduler in its EngineCore process, which need not hold a worker (TP > 1), and
+  // a worker's endpoint in the same process would otherwise show them twice.
+  int serve_metrics(const std::string& host, int port) {
+    SchedulerCoordinator& c = impl();
+    if (metrics_server_) throw std::runtime_error("the ECX scheduler already serves its metrics");
+    auto registry = std::make_unique<metrics::Registry>();
+    c.export_metrics(*registry);     // the registry is the scheduler's alone: the collector goes with it
+    py::gil_scoped_release release;  // binds a socket, starts a thread
+    auto server = value_or_raise(metrics::MetricsServer::start(*registry, host, port));
+    metrics_registry_ = std::move(registry);
+    metrics_server_ = std::move(server);
+    return metrics_server_->port();
+  }
+
   void close() {
     if (!impl_) return;
     loads_to_confirm_.clear();
     py::gil_scoped_release release;  // joins the cancel executor
     impl_->close();
     impl_.reset();
+    if (metrics_server_) metrics_server_->stop();
   }
 
  private:
@@ -177,6 +195,9 @@ class PyScheduler {
   }
 
   std::unique_ptr<SchedulerCoordinator> impl_;
+  // Declared in this order: the server reads the registry until it is stopped.
+  std::unique_ptr<metrics::Registry> metrics_registry_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::vector<std::string> loads_to_confirm_;
   bool pending_saves_ = false;
 };
@@ -331,6 +352,9 @@ void register_scheduler(py::module_& m) {
       .def_property_readonly("asynchronous_loads", [](PyScheduler& s) { return s.impl().options().asynchronous_loads; })
       .def("stats", [](PyScheduler& s) { return stats_to_python(s.impl().stats()); })
       .def_property_readonly("closed", [](const PyScheduler& s) { return !s.open(); })
+      .def("serve_metrics", &PyScheduler::serve_metrics, py::arg("host"), py::arg("port"),
+           "Serves this scheduler's ecx_scheduler_* metrics (as of its last step) over HTTP on host:port (0 picks a "
+           "free port) until close(); returns the port.")
       .def("close", &PyScheduler::close, "Joins the cancel executor, closes the sockets. Idempotent.");
 }
 

@@ -369,6 +369,15 @@ class ECXConnector(ECConnectorBase):
         # confirmed on vLLM's behalf (below) live in the scheduler, which confirms them
         # before it answers.
         self.has_cache_item = self._scheduler.fast_has_cache_item
+        if self._config.metrics_port:
+            # After every worker rank's port (metrics_port + dp_index * tp_size + tp_rank):
+            # one per DP replica, in the EngineCore process that runs the scheduler.
+            c = self._config
+            port = c.metrics_port + c.dp_size * c.tp_size + c.dp_index
+            try:
+                self._scheduler.serve_metrics(c.ec_ip, port)
+            except (RuntimeError, ValueError) as e:
+                logger.warning("ECX scheduler metrics endpoint on port %d not started: %s", port, e)
         self._views = RequestViews()
         self._metadata = PlaceholderMetadataResolver(getattr(vllm_config, "model_config", None))
         # What this vLLM does is learnt from what it calls, never from its version:

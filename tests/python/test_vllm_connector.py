@@ -250,6 +250,22 @@ def test_consumer_worker_tolerates_hooks_without_metadata_and_exports_metrics():
     assert connector.build_connector_worker_meta() is None
 
 
+def test_consumer_scheduler_serves_its_own_metrics_after_the_worker_ports():
+    import urllib.request
+
+    port = epd_cluster.free_port_range(1)
+    metrics_base = epd_cluster.free_port_range(4)
+    connector = make_connector("SCHEDULER", "ec_consumer", port, metrics_port=metrics_base)
+    try:
+        # TP 1, DP 1: the worker rank serves metrics_base, the scheduler the next port.
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_base + 1}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        assert 'ecx_scheduler_cancels_total{outcome="queued"} 0' in text
+        assert "ecx_consumer_" not in text  # the scheduler's own registry, not the process's
+    finally:
+        connector.shutdown()
+
+
 # ------------------------------------------------------------------ logging and shutdown
 
 

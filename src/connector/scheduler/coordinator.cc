@@ -1,5 +1,6 @@
 #include "ecx/connector/scheduler/coordinator.h"
 
+#include <mutex>
 #include <utility>
 
 #include "connector/scheduler/consumer_gate.h"
@@ -52,7 +53,64 @@ SchedulerCoordinator::SchedulerCoordinator(CoordinatorOptions options, std::shar
 
 SchedulerCoordinator::~SchedulerCoordinator() { close(); }
 
-void SchedulerCoordinator::close() { gate_->close(); }
+void SchedulerCoordinator::close() {
+  gate_->close();
+  publish_stats();
+}
+
+struct SchedulerCoordinator::PublishedStats {
+  std::mutex mutex;
+  CoordinatorStats stats;  // guarded by mutex
+};
+
+void SchedulerCoordinator::publish_stats() {
+  if (!published_) return;
+  const CoordinatorStats now = stats();
+  std::lock_guard lock(published_->mutex);
+  published_->stats = now;
+}
+
+std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) {
+  if (!published_) published_ = std::make_shared<PublishedStats>();
+  publish_stats();
+  return registry.add_collector([published = published_](metrics::SampleSink& sink) {
+    CoordinatorStats s;
+    {
+      std::lock_guard lock(published->mutex);
+      s = published->stats;
+    }
+    auto counter = [&sink](std::string_view name, std::string_view help, std::uint64_t v,
+                           const metrics::Labels& labels = {}) {
+      sink.sample(name, help, metrics::SampleType::counter, labels, static_cast<double>(v));
+    };
+    constexpr std::string_view kEvents =
+        "Readiness, abandoned and failed events from the consumer shards, by what became of them";
+    counter("scheduler_events_total", kEvents, s.ready_accepted, {{"outcome", "ready_accepted"}});
+    counter("scheduler_events_total", kEvents, s.ready_ignored, {{"outcome", "ready_ignored"}});
+    counter("scheduler_events_total", kEvents, s.abandoned_events, {{"outcome", "abandoned"}});
+    counter("scheduler_events_total", kEvents, s.failed_events, {{"outcome", "failed"}});
+    counter("scheduler_events_total", kEvents, s.events_malformed, {{"outcome", "malformed"}});
+    constexpr std::string_view kCancels =
+        "Reservation cancels and releases sent to the consumer shards, by outcome (queued counts every one sent)";
+    counter("scheduler_cancels_total", kCancels, s.cancels_queued, {{"outcome", "queued"}});
+    counter("scheduler_cancels_total", kCancels, s.cancels_succeeded, {{"outcome", "succeeded"}});
+    counter("scheduler_cancels_total", kCancels, s.cancels_failed, {{"outcome", "failed"}});
+    counter("scheduler_cancels_total", kCancels, s.cancels_dropped, {{"outcome", "dropped"}});
+    counter("scheduler_cancels_total", kCancels, s.cancels_abandoned, {{"outcome", "abandoned"}});
+    counter("scheduler_cancels_total", kCancels, s.cancels_local_only, {{"outcome", "local_only"}});
+    counter("scheduler_readiness_rechecks_total", "Waiting transfers asked about on every shard", s.readiness_rechecks);
+    counter("scheduler_readiness_recovered_total",
+            "Readiness learnt by asking a shard before its event was drained (lost, or queued behind others)",
+            s.readiness_recovered);
+    counter("scheduler_pushes_planned_total", "Pushes the producer's scheduler planned", s.pushes_planned);
+    counter("scheduler_local_fallbacks_total", "Items whose push could no longer arrive, encoded locally instead",
+            s.local_fallbacks);
+    counter("scheduler_malformed_requests_total", "Requests whose ec_transfer_params did not parse",
+            s.malformed_requests);
+    counter("scheduler_store_hits_total", "has_cache_item answered from the shared embedding store", s.store_hits);
+    counter("scheduler_store_loads_total", "Items loaded from the shared store instead of encoded", s.store_loads);
+  });
+}
 
 bool SchedulerCoordinator::wait_for_events(Duration max_wait) const { return gate_->wait_for_events(max_wait); }
 
@@ -102,6 +160,7 @@ ConnectorMeta SchedulerCoordinator::build_connector_meta(const StepView& step) {
   planner_->take_step(step, meta);
   store_->take_step(meta);
   gate_->build_step(step, meta);
+  publish_stats();
   return meta;
 }
 

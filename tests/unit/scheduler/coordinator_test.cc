@@ -671,6 +671,30 @@ TEST(CoordinatorConsumer, InABatchOnlyTheCancelsAShardFailedAreAskedAgain) {
   EXPECT_EQ(h.coordinator.stats().cancels_failed, 0u);
 }
 
+TEST(CoordinatorConsumer, ExportedMetricsAreTheCountersAsOfTheLastStep) {
+  Harness h;
+  metrics::Registry registry;
+  const auto id = h.coordinator.export_metrics(registry);
+  h.land_and_load(request("r9", {"h9"}, {"t9"}), "t9", "h9");
+  h.coordinator.request_finished(request("r0", {"h0"}, {"t0"}));
+  h.settle_cancels(1);  // steps until the cancel's outcome is taken
+  h.step();
+  auto snap = registry.snapshot();
+  EXPECT_EQ(snap.at("ecx_scheduler_cancels_total{outcome=\"queued\"}"), 1.0);
+  EXPECT_EQ(snap.at("ecx_scheduler_cancels_total{outcome=\"succeeded\"}"), 1.0);
+  EXPECT_EQ(snap.at("ecx_scheduler_events_total{outcome=\"ready_accepted\"}"), 1.0);
+  // Between steps the collector shows the last step's counters, not half-made ones.
+  h.coordinator.request_finished(request("r1", {"h2"}, {"t2"}));
+  EXPECT_EQ(registry.snapshot().at("ecx_scheduler_cancels_total{outcome=\"queued\"}"), 1.0);
+  h.settle_cancels(2);
+  EXPECT_EQ(registry.snapshot().at("ecx_scheduler_cancels_total{outcome=\"queued\"}"), 2.0);
+  // It outlives the coordinator's close (the last snapshot stays).
+  h.coordinator.close();
+  EXPECT_EQ(registry.snapshot().at("ecx_scheduler_cancels_total{outcome=\"succeeded\"}"), 2.0);
+  registry.remove_collector(id);
+  EXPECT_EQ(registry.snapshot().count("ecx_scheduler_cancels_total{outcome=\"queued\"}"), 0u);
+}
+
 TEST(CoordinatorConsumer, CloseJoinsTheExecutorAndClosesCollaboratorsOnce) {
   Harness h;
   h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));

@@ -25,6 +25,7 @@
 #include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/dtype.h"
+#include "ecx/core/metrics.h"
 
 namespace ecx::scheduler {
 
@@ -177,6 +178,12 @@ class SchedulerCoordinator {
   const TransferTable& table() const noexcept;
   // A snapshot of the halves' counters.
   CoordinatorStats stats() const noexcept;
+  // The counters as Prometheus metrics (ecx_scheduler_*), as of the last engine step
+  // (build_connector_meta) or close(): the collector runs on the metrics server's
+  // thread, the counters change on the engine's. The collector stays valid after the
+  // coordinator is gone (it keeps the last snapshot). Returns its id for
+  // Registry::remove_collector.
+  std::uint64_t export_metrics(metrics::Registry& registry);
   std::size_t pending_remote_cancels() const noexcept;
   const CoordinatorOptions& options() const noexcept { return options_; }
   // How much per-request and per-copy state the coordinator holds. Once every
@@ -200,6 +207,9 @@ class SchedulerCoordinator {
   std::unique_ptr<ConsumerGate> gate_;
   std::unique_ptr<PushPlanner> planner_;
   std::unique_ptr<StoreGate> store_;
+  struct PublishedStats;
+  std::shared_ptr<PublishedStats> published_;  // what export_metrics' collector reads
+  void publish_stats();
 };
 
 }  // namespace ecx::scheduler
