@@ -134,6 +134,42 @@ void send_cancels(ConsumerControl& control, const std::string& base, int attempt
 
 }  // namespace
 
+// The sender task: one batch, then, when more waits, a fresh task behind whatever
+// queued on the executor meanwhile (readiness rechecks), so that a steady stream of
+// releases never holds an executor thread for good. The executor is the channel's,
+// joined before it goes, so the pointer outlives every task.
+struct ConsumerChannel::CancelSender {
+  std::shared_ptr<CancelQueue> queue;
+  std::shared_ptr<ConsumerControl> control;
+  std::string base;
+  int attempts = 1;
+  BoundedExecutor* executor = nullptr;
+
+  void operator()() const {
+    for (;;) {
+      std::vector<std::shared_ptr<CancelTicket>> batch;
+      {
+        std::lock_guard lock(queue->mutex);
+        if (queue->waiting.empty() || queue->closing) {
+          queue->sending = false;  // what still waits at closing stays unsent (close counts it)
+          return;
+        }
+        batch.swap(queue->waiting);
+      }
+      send_cancels(*control, base, attempts, batch);
+      {
+        std::lock_guard lock(queue->mutex);
+        if (queue->waiting.empty() || queue->closing) {
+          queue->sending = false;
+          return;
+        }
+      }
+      if (executor->try_submit(*this)) return;  // goes on in a fresh task
+      // The executor's queue is full (or closing, seen above next round): go on here.
+    }
+  }
+};
+
 // What the shards answered about one long-waiting transfer, written by an executor
 // thread and read by the scheduler thread once `done` is set.
 struct ConsumerChannel::RecheckTicket {
@@ -461,21 +497,7 @@ void ConsumerChannel::queue_cancel(std::string_view transfer_id, TimePoint now, 
   if (start_sender) {
     // Confirm the topology first (send_cancels): a cancel sent to the base address
     // alone would leave every other shard's reservation pinned.
-    auto sender = [queue = cancel_queue_, control = control_, base = options_.control_address,
-                   attempts = options_.cancel_attempts] {
-      for (;;) {
-        std::vector<std::shared_ptr<CancelTicket>> batch;
-        {
-          std::lock_guard lock(queue->mutex);
-          if (queue->waiting.empty() || queue->closing) {
-            queue->sending = false;  // what still waits at closing stays unsent (close counts it)
-            return;
-          }
-          batch.swap(queue->waiting);
-        }
-        send_cancels(*control, base, attempts, batch);
-      }
-    };
+    CancelSender sender{cancel_queue_, control_, options_.control_address, options_.cancel_attempts, executor_.get()};
     if (!executor_->try_submit(std::move(sender))) {
       {
         std::lock_guard lock(cancel_queue_->mutex);

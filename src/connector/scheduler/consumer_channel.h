@@ -79,6 +79,7 @@ class ConsumerChannel {
  private:
   struct CancelTicket;
   struct CancelQueue;
+  struct CancelSender;
   struct RecheckTicket;
   struct PendingShards {
     std::string transfer_id;
