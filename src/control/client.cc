@@ -270,15 +270,26 @@ Result<wire::HelloReply> ControlClient::hello(const std::string& address, Durati
   return reply_body<wire::HelloReply>(call_blocking(address, wire::HelloRequest{state_->options.name}, timeout));
 }
 
+namespace {
+
+// A batch reply must answer every item of its request, in order.
+template <typename BatchReply>
+Result<BatchReply> answering_every_item(Result<BatchReply> reply, const std::string& address, std::size_t count,
+                                        std::string_view what) {
+  if (reply && reply->items.size() != count) {
+    return protocol_error(fmt::format("{} answered {} of {} {} items", address, reply->items.size(), count, what));
+  }
+  return reply;
+}
+
+}  // namespace
+
 Result<wire::ReserveBatchReply> ControlClient::reserve_batch(const std::string& address,
                                                              std::vector<wire::ReserveItem> items, Duration timeout) {
   const std::size_t count = items.size();
-  auto reply =
-      reply_body<wire::ReserveBatchReply>(call_blocking(address, wire::ReserveBatchRequest{std::move(items)}, timeout));
-  if (reply && reply->items.size() != count) {
-    return protocol_error(fmt::format("{} answered {} of {} reservation items", address, reply->items.size(), count));
-  }
-  return reply;
+  return answering_every_item(
+      reply_body<wire::ReserveBatchReply>(call_blocking(address, wire::ReserveBatchRequest{std::move(items)}, timeout)),
+      address, count, "reservation");
 }
 
 Result<wire::CancelReply> ControlClient::cancel(const std::string& address, wire::CancelRequest request,
@@ -289,12 +300,9 @@ Result<wire::CancelReply> ControlClient::cancel(const std::string& address, wire
 Result<wire::CancelBatchReply> ControlClient::cancel_batch(const std::string& address,
                                                            std::vector<wire::CancelRequest> items, Duration timeout) {
   const std::size_t count = items.size();
-  auto reply =
-      reply_body<wire::CancelBatchReply>(call_blocking(address, wire::CancelBatchRequest{std::move(items)}, timeout));
-  if (reply && reply->items.size() != count) {
-    return protocol_error(fmt::format("{} answered {} of {} cancel items", address, reply->items.size(), count));
-  }
-  return reply;
+  return answering_every_item(
+      reply_body<wire::CancelBatchReply>(call_blocking(address, wire::CancelBatchRequest{std::move(items)}, timeout)),
+      address, count, "cancel");
 }
 
 Result<wire::StatusReply> ControlClient::status(const std::string& address, std::string transfer_id, Duration timeout) {

@@ -14,16 +14,25 @@
 namespace ecx::scheduler {
 namespace {
 
+// The exception being handled, as a value (call it inside a catch block).
+Status thrown_as_status() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return internal_error(std::string("control call threw: ") + e.what());
+  } catch (...) {
+    return internal_error("control call threw a non-standard exception");
+  }
+}
+
 // Collaborator calls may be adapters over code that throws; nothing may escape
 // an executor thread, so every call is converted into a value.
 template <typename F>
 auto call_safely(F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const std::exception& e) {
-    return internal_error(std::string("control call threw: ") + e.what());
   } catch (...) {
-    return internal_error("control call threw a non-standard exception");
+    return thrown_as_status();
   }
 }
 
@@ -103,10 +112,8 @@ void send_cancels(ConsumerControl& control, const std::string& base, int attempt
       std::vector<Result<bool>> answers;
       try {
         answers = control.cancel_many((*shards)[s], ids);
-      } catch (const std::exception& e) {
-        answers.assign(ids.size(), internal_error(std::string("control call threw: ") + e.what()));
       } catch (...) {
-        answers.assign(ids.size(), internal_error("control call threw a non-standard exception"));
+        answers.assign(ids.size(), thrown_as_status());
       }
       if (answers.size() != ids.size()) {
         answers.assign(ids.size(), internal_error(fmt::format("the control collaborator answered {} of {} cancels",

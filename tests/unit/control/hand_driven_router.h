@@ -47,6 +47,13 @@ struct HandDrivenRouter {
     reply.body = wire::StatusReply{true, state, "h", {}, 0, std::nullopt};
     answer(routing_id, reply);
   }
+  void answer_cancel(const std::string& routing_id, std::uint64_t request_id, bool cancelled) {
+    wire::Reply reply;
+    reply.id = request_id;
+    reply.op = wire::Op::cancel;
+    reply.body = wire::CancelReply{cancelled};
+    answer(routing_id, reply);
+  }
   // The port the router listens on (its address is tcp://127.0.0.1:PORT).
   int port() const { return std::stoi(address.substr(address.rfind(':') + 1)); }
   zmq::context_t ctx;

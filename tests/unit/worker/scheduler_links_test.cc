@@ -116,7 +116,8 @@ TEST(ConsumerControlOverTheControlPlane, AShardThatRefusesTheBatchIsAskedOneByOn
   std::shared_ptr<control::ControlClient> client = control::testing::must(control::ControlClient::create({}));
   auto control = make_consumer_control(client, 2s);
   auto discovered = std::async(std::launch::async, [&] { return control->discover_shards(shard.address); });
-  for (int i = 0; i < 2; ++i) {  // discovery may say hello more than once (base, then each shard)
+  // Discovery says hello to the base address, then to every shard it lists (this one).
+  for (int i = 0; i < 2; ++i) {
     auto hello = shard.next_request();
     ASSERT_TRUE(hello);
     ASSERT_EQ(hello->second.op(), wire::Op::hello);
@@ -131,7 +132,6 @@ TEST(ConsumerControlOverTheControlPlane, AShardThatRefusesTheBatchIsAskedOneByOn
     body.data = wire::DataPlane{"ucx", "addr", "", 0};
     reply.body = body;
     shard.answer(hello->first, reply);
-    if (discovered.wait_for(200ms) == std::future_status::ready) break;
   }
   ASSERT_TRUE(discovered.get().is_ok());
 
@@ -146,11 +146,7 @@ TEST(ConsumerControlOverTheControlPlane, AShardThatRefusesTheBatchIsAskedOneByOn
     ASSERT_TRUE(one);
     ASSERT_EQ(one->second.op(), wire::Op::cancel);
     EXPECT_EQ(std::get<wire::CancelRequest>(one->second.body).transfer_id, expected);
-    wire::Reply reply;
-    reply.id = one->second.id;
-    reply.op = wire::Op::cancel;
-    reply.body = wire::CancelReply{true};
-    shard.answer(one->first, reply);
+    shard.answer_cancel(one->first, one->second.id, true);
   }
   const auto answers = cancelled.get();
   ASSERT_EQ(answers.size(), 2u);
@@ -162,11 +158,7 @@ TEST(ConsumerControlOverTheControlPlane, AShardThatRefusesTheBatchIsAskedOneByOn
   auto next = shard.next_request();
   ASSERT_TRUE(next);
   EXPECT_EQ(next->second.op(), wire::Op::cancel);
-  wire::Reply reply;
-  reply.id = next->second.id;
-  reply.op = wire::Op::cancel;
-  reply.body = wire::CancelReply{false};
-  shard.answer(next->first, reply);
+  shard.answer_cancel(next->first, next->second.id, false);
   const auto last = again.get();
   ASSERT_EQ(last.size(), 1u);
   EXPECT_TRUE(last[0].is_ok());
