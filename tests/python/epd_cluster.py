@@ -151,7 +151,16 @@ def encoder_main(port: int, inbox, outbox, profile: str = "newer") -> None:
     outbox.put(("ready", None))
 
     def on_stop() -> dict[str, Any]:
+        # The engine may go idle while its last pushes still finish in the background
+        # (where a step without tokens does no connector work, has_pending_push_work
+        # answers no; seen with the 6adad087 profiles on a loaded machine): wait,
+        # bounded, for them to give their staging back, so that what is left at the
+        # deadline is a leak.
+        deadline = time.monotonic() + 10.0
         counters = engine.workers[0].connector.worker_counters()
+        while counters["staging_used_bytes"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            counters = engine.workers[0].connector.worker_counters()
         stats = engine.scheduler.scheduler_stats()
         engine.shutdown()
         engine.shutdown()  # idempotent
@@ -191,6 +200,7 @@ def pd_main(port: int, inbox, outbox, profile: str = "newer") -> None:
             "counters": counters,
             "stats": stats,
             "local_encodes": [w.local_encodes for w in engine.workers],
+            "reencoded_after_eviction": sorted(engine.reencoded_after_eviction),
         }
 
     _serve(engine, inbox, outbox, on_stop)

@@ -228,12 +228,23 @@ def test_e_pd_cluster_delivers_every_embedding_bit_exact(cluster):
     for p in processes.values():
         p.join(timeout=max(1.0, deadline - time.monotonic()))
 
-    # Every well-formed request: all items bit-exact on both ranks, delivered by ECX.
+    # Every well-formed request: all items bit-exact on both ranks, delivered by ECX,
+    # except an item the PD engine held when the step began and evicted for another
+    # request earlier in that step, before the connector could learn of it (a repeated
+    # image of the workload, its own push still under way): the engine encodes that one
+    # again, as vLLM does (see EngineDouble.reencoded_after_eviction). (Provenance is
+    # the worker's latest for the identifier, so a later request served from the engine's
+    # cache reports it too: matched by identifier.)
+    reencoded = {identifier for _, identifier in final["pd"][1]["reencoded_after_eviction"]}
     wrong = []
     for r in requests:
         status, detail, provenance = outcomes[r["id"]]
         if r["kind"] == "normal":
-            if status != "ok" or set(provenance.values()) != {"connector"}:
+            delivered = all(
+                how == "connector" or (how == "local" and identifier in reencoded)
+                for identifier, how in provenance.items()
+            )
+            if status != "ok" or not delivered:
                 wrong.append((r["id"], status, detail, provenance))
         elif r["kind"] == "absent":
             # No routing at all: the PD instance encodes the items itself.

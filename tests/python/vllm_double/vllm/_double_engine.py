@@ -359,6 +359,14 @@ class EngineDouble:
         # Entries evicted and allocated again as external loads in one step: the
         # workers drop them, then the connector must bring them back.
         self.evicted_and_reallocated = 0
+        # (request id, identifier): the item was in this engine's cache when the step
+        # began, an allocation earlier in the same step evicted it, and so the engine
+        # encoded it itself. vLLM's scheduler does the same: its cache evicts
+        # unreferenced entries lazily while it schedules, and the connector learns of
+        # an eviction only from the step's free_encoder_mm_hashes, so its gate may pass
+        # a request on the entry the step has just evicted (and no hook is left to
+        # defer the request once it finds the entry gone).
+        self.reencoded_after_eviction: set[tuple[str, str]] = set()
         self.hook_errors: list[str] = []
 
     # -- API
@@ -408,6 +416,11 @@ class EngineDouble:
                     external_this_step.add(f.identifier)
                 c.update_state_after_alloc(request, i)
             if local:
+                self.reencoded_after_eviction.update(
+                    (request.request_id, request.mm_features[i].identifier)
+                    for i in local
+                    if request.mm_features[i].identifier in self.cache.freed
+                )
                 so.scheduled_encoder_inputs[request.request_id] = local
                 so.encodes += [(request.mm_features[i].identifier, request.get_num_encoder_embeds(i)) for i in local]
             if not self.encode_only:
