@@ -56,6 +56,7 @@ struct E2eOptions {
   bool checksum = false;
   bool baseline = true;
   double phase_timeout_s = 300;
+  int rounds = 1;  // role all: the whole run (ECX, then the raw plane) this many times
   std::string json_file;
   std::string extra;  // a JSON object merged into ec_connector_extra_config (both roles)
 };
@@ -461,32 +462,18 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
   return unavailable("ecx bench transport printed no ecx series");
 }
 
-int run_all(const E2eOptions& o) {
-  auto phases = plan(o);
-  if (!phases) {
-    std::cerr << "ecx bench e2e: " << phases.status().message() << "\n";
-    return 2;
-  }
-  // A bad --extra is reported here, once, not by each role process.
-  auto config = e2e_config(o, Role::consumer, "127.0.0.1", 1);
-  if (!config) {
-    std::cerr << "ecx bench e2e: " << config.status().message() << "\n";
-    return 2;
-  }
-  const int port = sim::free_port_block(static_cast<int>(phases->size()) * (o.tp + 1));
-  if (port == 0) {
-    std::cerr << "ecx bench e2e: no free block of ports on 127.0.0.1\n";
-    return 1;
-  }
-  std::string load = "?";
-  if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
-  std::cout << fmt::format(
-      "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, loads {}, "
-      "outputs {}, sizes {}; load average {} on {} CPUs\n",
-      o.tp, data_link_name(o.transport), o.checksum ? "on" : "off",
-      config->zero_copy_loads ? "as views of the landed slots" : "copied",
-      config->zero_copy_saves ? "sent from the encoder's memory" : "staged", o.sizes_text, load,
-      std::thread::hardware_concurrency());
+// One round: both role processes through every phase, then the raw plane's baseline of
+// each phase. Prints the round's table; returns its series (ECX rows and raw rows).
+struct Round {
+  std::vector<json> series;
+  std::vector<json> phases;  // the ECX rows, in phase order
+  std::vector<json> raws;    // the raw plane's row of each phase (null: not measured)
+  bool ok = false;
+};
+
+Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
+  const int port = sim::free_port_block(static_cast<int>(phases.size()) * (o.tp + 1));
+  if (port == 0) return unavailable("no free block of ports on 127.0.0.1");
   auto role_args = [&](const std::string& role, const std::string& flag) {
     std::vector<std::string> argv = {sim::self_executable(),
                                      "bench",
@@ -515,20 +502,14 @@ int run_all(const E2eOptions& o) {
   };
   const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
   auto consumer = sim::ChildProcess::spawn(role_args("consumer", "--listen"), env);
-  if (!consumer) {
-    std::cerr << "ecx bench e2e: " << consumer.status().message() << "\n";
-    return 1;
-  }
+  if (!consumer) return consumer.status();
   auto producer = sim::ChildProcess::spawn(role_args("producer", "--connect"), env);
-  if (!producer) {
-    std::cerr << "ecx bench e2e: " << producer.status().message() << "\n";
-    return 1;
-  }
+  if (!producer) return producer.status();
   std::vector<json> results;
   std::vector<json> produced;  // the producer's report of each phase, in order
   const auto deadline = std::chrono::steady_clock::now() +
-                        seconds_to_duration(o.phase_timeout_s * static_cast<double>(phases->size()) + 60);
-  while (results.size() < phases->size() && std::chrono::steady_clock::now() < deadline && !consumer->eof()) {
+                        seconds_to_duration(o.phase_timeout_s * static_cast<double>(phases.size()) + 60);
+  while (results.size() < phases.size() && std::chrono::steady_clock::now() < deadline && !consumer->eof()) {
     if (g_stop.load()) {
       consumer->signal(SIGINT);
       producer->signal(SIGINT);
@@ -553,17 +534,16 @@ int run_all(const E2eOptions& o) {
   }
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
   const auto producer_exit = producer->wait(std::chrono::seconds(30));
-  if (results.size() != phases->size()) {
-    std::cerr << fmt::format("ecx bench e2e: {} of {} phases finished (consumer exit {}, producer exit {})\n",
-                             results.size(), phases->size(), consumer_exit.value_or(-1), producer_exit.value_or(-1));
-    return 1;
+  if (results.size() != phases.size()) {
+    return internal_error(fmt::format("{} of {} phases finished (consumer exit {}, producer exit {})", results.size(),
+                                      phases.size(), consumer_exit.value_or(-1), producer_exit.value_or(-1)));
   }
-  json series = json::array();
-  bool ok = consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
+  Round round;
+  round.ok = consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
   results_table().print_header(std::cout);
-  for (std::size_t k = 0; k < phases->size(); ++k) {
+  for (std::size_t k = 0; k < phases.size(); ++k) {
     auto& e2e = results[k];
-    ok = ok && e2e.value("ok", false);
+    round.ok = round.ok && e2e.value("ok", false);
     e2e.erase("event");
     if (k < produced.size()) {
       e2e["retry_afters"] = produced[k].value("retry_afters", std::uint64_t{0});
@@ -572,18 +552,18 @@ int run_all(const E2eOptions& o) {
     }
     std::optional<json> raw;
     if (o.baseline) {
-      auto measured = transport_baseline(o, (*phases)[k]);
+      auto measured = transport_baseline(o, phases[k]);
       if (measured) {
         raw = *measured;
       } else {
         std::cerr << "ecx bench e2e: baseline: " << measured.status().message() << "\n";
-        ok = false;
+        round.ok = false;
       }
     }
     if (raw) {
       // One item at a time both sides pause between items (the hand-back, the raw
       // plane's gap), so their GB/s say little: the lone ratio below compares them.
-      if ((*phases)[k].window != 1) {
+      if (phases[k].window != 1) {
         e2e["ratio_vs_transport_gbps"] = e2e.value("gbps", 0.0) / std::max(raw->value("gbps", 0.0), 1e-12);
       }
       if (raw->contains("p50_us")) {
@@ -591,17 +571,106 @@ int run_all(const E2eOptions& o) {
         e2e["added_p99_us"] = e2e.value("p99_us", 0.0) - raw->value("p99_us", 0.0);
         // One item at a time: its GB/s from the encoder's hand-over to ready, against
         // the raw plane's size over its delivery.
-        if ((*phases)[k].window == 1 && e2e.value("encoded_p50_us", 0.0) > 0) {
+        if (phases[k].window == 1 && e2e.value("encoded_p50_us", 0.0) > 0) {
           e2e["lone_ratio_vs_transport"] = raw->value("p50_us", 0.0) / e2e.value("encoded_p50_us", 0.0);
         }
       }
     }
     print_row(e2e);
-    series.push_back(e2e);
+    round.series.push_back(e2e);
+    round.phases.push_back(e2e);
+    round.raws.push_back(raw.value_or(json()));
     if (raw) {
       print_row(*raw);
-      series.push_back(*raw);
+      round.series.push_back(*raw);
     }
+  }
+  return round;
+}
+
+// The rounds' spread, phase by phase: medians, and each ratio's range.
+void print_round_summary(const std::vector<Phase>& phases, const std::vector<Round>& rounds) {
+  const TextTable table({{"size", 8},
+                         {"phase", 10},
+                         {"rounds", 6},
+                         {"ecx /s", 9},
+                         {"ecx", 12},
+                         {"raw", 12},
+                         {"unit", 12},
+                         {"ratio p50", 9},
+                         {"ratio min", 9},
+                         {"ratio max", 9},
+                         {"+p50 us p50", 11}});
+  std::cout << fmt::format(
+      "\nover {} rounds (each: ECX's phases, then the raw plane's; medians; throughput: transfers/s, GB/s and the "
+      "GB/s ratio; latency: enc p50 against the raw delivery p50, the lone ratio, and time to ready over the raw "
+      "delivery p50):\n",
+      rounds.size());
+  table.print_header(std::cout);
+  for (std::size_t k = 0; k < phases.size(); ++k) {
+    const bool lone = phases[k].window == 1;
+    const char* ratio_key = lone ? "lone_ratio_vs_transport" : "ratio_vs_transport_gbps";
+    const char* value_key = lone ? "encoded_p50_us" : "gbps";
+    const char* raw_key = lone ? "p50_us" : "gbps";
+    std::vector<double> per_s, ecx, raw, ratio, added;
+    for (const auto& round : rounds) {
+      if (k >= round.phases.size()) continue;
+      const auto& e2e = round.phases[k];
+      per_s.push_back(e2e.value("per_s", 0.0));
+      if (e2e.contains(value_key)) ecx.push_back(e2e.value(value_key, 0.0));
+      if (e2e.contains(ratio_key)) ratio.push_back(e2e.value(ratio_key, 0.0));
+      if (e2e.contains("added_p50_us")) added.push_back(e2e.value("added_p50_us", 0.0));
+      if (round.raws[k].contains(raw_key)) raw.push_back(round.raws[k].value(raw_key, 0.0));
+    }
+    auto median = [](const std::vector<double>& v, int decimals) {
+      return v.empty() ? std::string("-") : fmt::format("{:.{}f}", sim::percentile(v, 50), decimals);
+    };
+    const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+    table.print_row(std::cout,
+                    {byte_size_label(phases[k].size), phases[k].name, std::to_string(rounds.size()),
+                     lone ? std::string("-") : median(per_s, 0), median(ecx, lone ? 0 : 2), median(raw, lone ? 0 : 2),
+                     lone ? "us" : "GB/s", median(ratio, 2), ratio.empty() ? "-" : fmt::format("{:.2f}", *lo),
+                     ratio.empty() ? "-" : fmt::format("{:.2f}", *hi), lone ? median(added, 0) : std::string("-")});
+  }
+}
+
+int run_all(const E2eOptions& o) {
+  auto phases = plan(o);
+  if (!phases) {
+    std::cerr << "ecx bench e2e: " << phases.status().message() << "\n";
+    return 2;
+  }
+  // A bad --extra is reported here, once, not by each role process.
+  auto config = e2e_config(o, Role::consumer, "127.0.0.1", 1);
+  if (!config) {
+    std::cerr << "ecx bench e2e: " << config.status().message() << "\n";
+    return 2;
+  }
+  std::string load = "?";
+  if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
+  std::cout << fmt::format(
+      "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, loads {}, "
+      "outputs {}, sizes {}; load average {} on {} CPUs\n",
+      o.tp, data_link_name(o.transport), o.checksum ? "on" : "off",
+      config->zero_copy_loads ? "as views of the landed slots" : "copied",
+      config->zero_copy_saves ? "sent from the encoder's memory" : "staged", o.sizes_text, load,
+      std::thread::hardware_concurrency());
+  std::vector<Round> rounds;
+  json series = json::array();
+  bool ok = true;
+  for (int r = 0; r < o.rounds && !g_stop.load(); ++r) {
+    if (o.rounds > 1) std::cout << fmt::format("round {} of {}:\n", r + 1, o.rounds);
+    auto round = run_round(o, *phases);
+    if (!round) {
+      std::cerr << "ecx bench e2e: " << round.status().message() << "\n";
+      return 1;
+    }
+    ok = ok && round->ok;
+    for (auto s : round->series) {
+      if (o.rounds > 1) s["round"] = r + 1;
+      series.push_back(std::move(s));
+    }
+    rounds.push_back(std::move(*round));
   }
   std::cout
       << "ecx_e2e p50/p99: time to ready (the consumer receives the request -> the engine finds its item "
@@ -619,7 +688,8 @@ int run_all(const E2eOptions& o) {
          "threads (encoder-cache allocation, content check after the ready stamp: every block's stamp, every "
          "byte of 1 item in 16; the admit channel's messages) + producer (stamping the content, admit messages), "
          "no part of ECX\n";
-  print_stage_table(results);
+  if (!rounds.empty()) print_stage_table(rounds.back().phases);
+  if (rounds.size() > 1 && o.baseline) print_round_summary(*phases, rounds);
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";
   if (!o.json_file.empty()) {
     if (auto st = write_json_file(o.json_file, series); !st) {
@@ -659,6 +729,11 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
   cmd->add_option("--phase-timeout", o->phase_timeout_s, "seconds each phase may take")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option("--rounds", o->rounds,
+                  "role all: run everything this many times, ECX then the raw plane each time, and summarise the "
+                  "rounds (medians, each ratio's range): on a shared machine one round's ratio moves with the load")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 20));
   cmd->add_option("--json", o->json_file, "write the series as a JSON list to FILE");
   cmd->add_option("--extra", o->extra,
                   "JSON object merged into both roles' ec_connector_extra_config, e.g. '{\"ucx_rndv_thresh\": 262144}' "
