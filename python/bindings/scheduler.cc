@@ -110,6 +110,11 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
   d["store_prefetch_timeouts"] = s.store_prefetch_timeouts;
   d["store_loads"] = s.store_loads;
   d["store_load_failures"] = s.store_load_failures;
+  d["subscription_malformed"] = s.subscription_malformed;
+  d["subscription_unknown_kind"] = s.subscription_unknown_kind;
+  d["subscription_auth_failures"] = s.subscription_auth_failures;
+  d["discoveries_started"] = s.discoveries_started;
+  d["discoveries_failed"] = s.discoveries_failed;
   return d;
 }
 

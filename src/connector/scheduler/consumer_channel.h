@@ -61,6 +61,9 @@ class ConsumerChannel {
   void drain(TimePoint now);
   // See SchedulerCoordinator::wait_for_events().
   bool wait_for_events(Duration max_wait) const { return events_ && !closed_ && events_->wait(max_wait); }
+  SubscriptionCounters subscription_counters() const {
+    return events_ ? events_->subscription_counters() : SubscriptionCounters{};
+  }
   // A step boundary: the next drain() runs whatever the interval.
   void rearm_drain() noexcept { drain_pending_ = true; }
   // Cancels `transfer_id` in the table and, unless its name is invented or no

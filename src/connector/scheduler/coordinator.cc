@@ -109,6 +109,17 @@ std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) 
             s.malformed_requests);
     counter("scheduler_store_hits_total", "has_cache_item answered from the shared embedding store", s.store_hits);
     counter("scheduler_store_loads_total", "Items loaded from the shared store instead of encoded", s.store_loads);
+    constexpr std::string_view kRejected =
+        "Messages on the scheduler's event subscription dropped before they became events, by why";
+    counter("scheduler_subscription_rejected_total", kRejected, s.subscription_malformed, {{"reason", "malformed"}});
+    counter("scheduler_subscription_rejected_total", kRejected, s.subscription_unknown_kind,
+            {{"reason", "unknown_kind"}});
+    counter("scheduler_subscription_rejected_total", kRejected, s.subscription_auth_failures,
+            {{"reason", "auth_failed"}});
+    constexpr std::string_view kDiscoveries =
+        "Topology discoveries of the consumer's shards for the event subscription (failed: retried after 1 s)";
+    counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_started, {{"outcome", "started"}});
+    counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_failed, {{"outcome", "failed"}});
   });
 }
 
@@ -203,6 +214,12 @@ CoordinatorStats SchedulerCoordinator::stats() const noexcept {
   s.abandoned_events = channel.abandoned_events;
   s.failed_events = channel.failed_events;
   s.pushes_planned = planner.pushes_planned;
+  const SubscriptionCounters subscription = gate_->channel().subscription_counters();
+  s.subscription_malformed = subscription.malformed;
+  s.subscription_unknown_kind = subscription.unknown_kind;
+  s.subscription_auth_failures = subscription.auth_failures;
+  s.discoveries_started = subscription.discoveries_started;
+  s.discoveries_failed = subscription.discoveries_failed;
   const auto& store = store_->stats();
   s.store_lookups = store.lookups;
   s.store_hits = store.hits;

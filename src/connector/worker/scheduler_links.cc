@@ -70,11 +70,21 @@ class InboxEventSource final : public scheduler::EventSource {
     return inbox_ && inbox_->wait(max_wait);
   }
   int shard_count() const override { return inbox_ ? static_cast<int>(inbox_->shard_count()) : 0; }
-  void close() override { inbox_.reset(); }
+  void close() override {
+    if (inbox_) closed_counters_ = subscription_counters();
+    inbox_.reset();
+  }
+  scheduler::SubscriptionCounters subscription_counters() const override {
+    if (!inbox_) return closed_counters_;
+    const control::InboxCounters c = inbox_->counters();
+    return scheduler::SubscriptionCounters{c.malformed, c.unknown, c.auth_failures, c.discoveries_started,
+                                           c.discoveries_failed};
+  }
 
  private:
   std::shared_ptr<control::ControlClient> client_;
   std::unique_ptr<control::EventInbox> inbox_;
+  scheduler::SubscriptionCounters closed_counters_;  // as of close()
   std::vector<wire::Event> buffer_;
   std::size_t next_ = 0;  // first event of buffer_ not handed on yet
 };

@@ -695,6 +695,22 @@ TEST(CoordinatorConsumer, ExportedMetricsAreTheCountersAsOfTheLastStep) {
   EXPECT_EQ(registry.snapshot().count("ecx_scheduler_cancels_total{outcome=\"queued\"}"), 0u);
 }
 
+TEST(CoordinatorConsumer, ExportedMetricsCarryTheSubscriptionsOwnCounts) {
+  Harness h;
+  metrics::Registry registry;
+  h.coordinator.export_metrics(registry);
+  h.events->counters = SubscriptionCounters{2, 1, 5, 3, 1};
+  EXPECT_EQ(registry.snapshot().at("ecx_scheduler_subscription_rejected_total{reason=\"auth_failed\"}"), 0.0);
+  h.step();
+  const auto snap = registry.snapshot();
+  EXPECT_EQ(snap.at("ecx_scheduler_subscription_rejected_total{reason=\"malformed\"}"), 2.0);
+  EXPECT_EQ(snap.at("ecx_scheduler_subscription_rejected_total{reason=\"unknown_kind\"}"), 1.0);
+  EXPECT_EQ(snap.at("ecx_scheduler_subscription_rejected_total{reason=\"auth_failed\"}"), 5.0);
+  EXPECT_EQ(snap.at("ecx_scheduler_subscription_discoveries_total{outcome=\"started\"}"), 3.0);
+  EXPECT_EQ(snap.at("ecx_scheduler_subscription_discoveries_total{outcome=\"failed\"}"), 1.0);
+  EXPECT_EQ(h.coordinator.stats().subscription_auth_failures, 5u);
+}
+
 TEST(CoordinatorConsumer, CloseJoinsTheExecutorAndClosesCollaboratorsOnce) {
   Harness h;
   h.coordinator.request_finished(request("r1", {"h0"}, {"t0"}));

@@ -38,8 +38,10 @@ class FakeEventSource final : public EventSource {
   }
   int shard_count() const override { return shards_; }
   void close() override { closed = true; }
+  SubscriptionCounters subscription_counters() const override { return counters; }
 
   void push(TransferEvent e) { queue_.push_back(std::move(e)); }
+  SubscriptionCounters counters;  // what subscription_counters() answers
   void ready(const std::string& transfer_id, const std::string& mm_hash, std::int64_t rows = 4, int shard = -1) {
     TransferEvent e;
     e.kind = TransferEvent::Kind::ready;

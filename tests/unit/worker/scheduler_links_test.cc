@@ -84,8 +84,15 @@ TEST(InboxEventSource, EventsBeyondOneDrainsBoundComeInTheNextDrains) {
     EXPECT_EQ(out[i].mm_hash, "hash-t-" + std::to_string(i));
   }
   EXPECT_EQ(source->drain(out, 3), 0u);
+  // The subscription's own counts (exported as the scheduler's metrics) come from the
+  // inbox, and stay after close.
+  const auto counted = source->subscription_counters();
+  EXPECT_GE(counted.discoveries_started, 1u);
+  EXPECT_EQ(counted.discoveries_failed, 0u);
+  EXPECT_EQ(counted.malformed + counted.unknown_kind + counted.auth_failures, 0u);
   source->close();
   EXPECT_EQ(source->drain(out, 3), 0u);
+  EXPECT_EQ(source->subscription_counters().discoveries_started, counted.discoveries_started);
 }
 
 // ---------------------------------------------------------------- the consumer control

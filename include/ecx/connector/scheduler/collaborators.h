@@ -35,6 +35,16 @@ struct TransferEvent {
 };
 
 // Readiness events of the consumer this scheduler belongs to.
+// What an event subscription turned away or went through besides the events it
+// delivered: the counts an operator needs when readiness stops arriving.
+struct SubscriptionCounters {
+  std::uint64_t malformed = 0;            // messages that did not decode
+  std::uint64_t unknown_kind = 0;         // an event kind this release does not know
+  std::uint64_t auth_failures = 0;        // messages whose signature did not verify
+  std::uint64_t discoveries_started = 0;  // topology discoveries of the consumer's shards
+  std::uint64_t discoveries_failed = 0;
+};
+
 class EventSource {
  public:
   virtual ~EventSource() = default;
@@ -51,6 +61,9 @@ class EventSource {
   virtual int shard_count() const = 0;
   // Idempotent. No drain() after close().
   virtual void close() = 0;
+  // The subscription's own counts, kept after close(); zeros for a source that keeps
+  // none. Same thread as drain().
+  virtual SubscriptionCounters subscription_counters() const { return {}; }
 };
 
 // Control RPCs to consumer shards. Calls block (each bounded by the client's own

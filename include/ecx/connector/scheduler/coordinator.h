@@ -126,6 +126,12 @@ struct CoordinatorStats {
   std::uint64_t store_prefetch_timeouts = 0;  // not prefetched in time: encoded instead
   std::uint64_t store_loads = 0;              // items loaded from it instead of encoded
   std::uint64_t store_load_failures = 0;      // of those, reported failed by a worker
+  // The event subscription's own counts (see SubscriptionCounters).
+  std::uint64_t subscription_malformed = 0;
+  std::uint64_t subscription_unknown_kind = 0;
+  std::uint64_t subscription_auth_failures = 0;
+  std::uint64_t discoveries_started = 0;
+  std::uint64_t discoveries_failed = 0;
 };
 
 class SchedulerCoordinator {
