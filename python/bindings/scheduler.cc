@@ -163,16 +163,20 @@ class PyScheduler {
     impl().update_connector_output(out);
   }
 
-  // An endpoint of the scheduler's own (ecx_scheduler_* only): vLLM runs the
-  // scheduler in its EngineCore process, which need not hold a worker (TP > 1), and
-  // a worker's endpoint in the same process would otherwise show them twice.
+  // An endpoint of the scheduler's own: vLLM runs the scheduler in its EngineCore
+  // process, which need not hold a worker (TP > 1). Its ecx_scheduler_* metrics come
+  // from a registry of its own (a worker's endpoint in the same process would otherwise
+  // show them twice); the process's other ECX metrics (the stage histograms the
+  // scheduler records, event_delivery) are added while no worker endpoint of this
+  // process serves them.
   int serve_metrics(const std::string& host, int port) {
     SchedulerCoordinator& c = impl();
     if (metrics_server_) throw std::runtime_error("the ECX scheduler already serves its metrics");
     auto registry = std::make_unique<metrics::Registry>();
     c.export_metrics(*registry);     // the registry is the scheduler's alone: the collector goes with it
     py::gil_scoped_release release;  // binds a socket, starts a thread
-    auto server = value_or_raise(metrics::MetricsServer::start(*registry, host, port));
+    auto server = value_or_raise(
+        metrics::MetricsServer::start(*registry, host, port, metrics::ServeOptions{.global_when_unserved = true}));
     metrics_registry_ = std::move(registry);
     metrics_server_ = std::move(server);
     return metrics_server_->port();

@@ -369,7 +369,8 @@ const std::vector<KeySpec>& key_table() {
     extra("metrics_port", "integer", "0",
           "Serve Prometheus metrics over HTTP on this port (on ec_ip); 0 disables. Under vLLM each worker rank serves "
           "metrics_port + dp_index * tp_size + tp_rank, and each replica's scheduler its ecx_scheduler_* metrics on "
-          "metrics_port + dp_size * tp_size + dp_index.",
+          "metrics_port + dp_size * tp_size + dp_index (with its process's other ECX metrics while no worker endpoint "
+          "in that process serves them).",
           set_integer(&Config::metrics_port, 0, 65535));
     extra("pool_alignment", "bytes", "256",
           "Alignment of every slot carved from a pool; a power of two from 8 to 2 MiB.", apply_alignment);

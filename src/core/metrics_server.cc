@@ -36,8 +36,14 @@ bool send_all(int fd, std::string_view data) {
 
 }  // namespace
 
-Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const Registry& registry, const std::string& host,
-                                                            int port) {
+namespace {
+std::atomic<int> g_global_servers{0};
+}  // namespace
+
+int MetricsServer::global_servers() noexcept { return g_global_servers.load(); }
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const Registry& registry, const std::string& host, int port,
+                                                            ServeOptions options) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -63,14 +69,22 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const Registry& regi
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
   const int bound_port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<MetricsServer>(new MetricsServer(registry, fd, bound_port));  // NOLINT: private constructor
+  return std::unique_ptr<MetricsServer>(  // NOLINT: private constructor
+      new MetricsServer(registry, fd, bound_port, options));
 }
 
-MetricsServer::MetricsServer(const Registry& registry, int listen_fd, int port)
-    : registry_(registry), listen_fd_(listen_fd), port_(port), thread_([this] {
+MetricsServer::MetricsServer(const Registry& registry, int listen_fd, int port, ServeOptions options)
+    : registry_(registry),
+      options_(options),
+      serves_global_(&registry == &Registry::global()),
+      listen_fd_(listen_fd),
+      port_(port),
+      thread_([this] {
         name_this_thread("ecx-metrics");
         serve();
-      }) {}
+      }) {
+  if (serves_global_) g_global_servers.fetch_add(1);
+}
 
 MetricsServer::~MetricsServer() { stop(); }
 
@@ -78,6 +92,7 @@ void MetricsServer::stop() {
   if (stopping_.exchange(true)) return;
   if (thread_.joinable()) thread_.join();
   ::close(listen_fd_);
+  if (serves_global_) g_global_servers.fetch_sub(1);
 }
 
 void MetricsServer::serve() {
@@ -107,6 +122,9 @@ void MetricsServer::handle(int client_fd) {
   std::string type = "text/plain";
   if (is_metrics) {
     body = registry_.prometheus_text();
+    if (options_.global_when_unserved && !serves_global_ && global_servers() == 0) {
+      body += Registry::global().prometheus_text();
+    }
     status = "200 OK";
     type = "text/plain; version=0.0.4; charset=utf-8";
   } else {

@@ -253,17 +253,36 @@ def test_consumer_worker_tolerates_hooks_without_metadata_and_exports_metrics():
 def test_consumer_scheduler_serves_its_own_metrics_after_the_worker_ports():
     import urllib.request
 
+    from ecx import _core
+
+    def scrape(port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return reply.read().decode()
+
     port = epd_cluster.free_port_range(1)
     metrics_base = epd_cluster.free_port_range(4)
+    worker = make_connector("WORKER", "ec_consumer", port)  # this process's shard, no endpoint of its own
     connector = make_connector("SCHEDULER", "ec_consumer", port, metrics_port=metrics_base)
     try:
         # TP 1, DP 1: the worker rank serves metrics_base, the scheduler the next port.
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_base + 1}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
+        text = scrape(metrics_base + 1)
         assert 'ecx_scheduler_cancels_total{outcome="queued"} 0' in text
-        assert "ecx_consumer_" not in text  # the scheduler's own registry, not the process's
+        # No endpoint of this process serves its other ECX metrics (a scheduler without a
+        # worker beside it, as with TP > 1): the scheduler's endpoint shows them.
+        assert 'ecx_consumer_bytes_landed_total{shard="0"}' in text
+        # Once a worker's endpoint in this process serves them, only that one does.
+        process_endpoint = _core.MetricsServer("127.0.0.1", 0)
+        try:
+            assert 'ecx_consumer_bytes_landed_total{shard="0"}' in scrape(process_endpoint.port)
+            text = scrape(metrics_base + 1)
+            assert 'ecx_scheduler_cancels_total{outcome="queued"} 0' in text
+            assert "ecx_consumer_" not in text
+        finally:
+            process_endpoint.stop()
+        assert 'ecx_consumer_bytes_landed_total{shard="0"}' in scrape(metrics_base + 1)
     finally:
         connector.shutdown()
+        worker.shutdown()
 
 
 # ------------------------------------------------------------------ logging and shutdown

@@ -133,6 +133,35 @@ TEST(MetricsServer, ServesPrometheusTextOverHttp) {
   (*server)->stop();  // idempotent
 }
 
+// The scheduler's own endpoint also shows the process-wide registry, but only while no
+// other endpoint of the process serves it (no worker there, as with TP > 1).
+TEST(MetricsServer, AddsTheGlobalRegistryOnlyWhileNoOtherServerServesIt) {
+  Registry own;
+  own.counter("own_total", "Own").inc(2);
+  Registry::global().counter("global_only_for_this_test_total", "Global").inc(3);
+  ASSERT_EQ(MetricsServer::global_servers(), 0);
+  auto plain = MetricsServer::start(own, "127.0.0.1", 0);
+  auto fallback = MetricsServer::start(own, "127.0.0.1", 0, ServeOptions{.global_when_unserved = true});
+  ASSERT_TRUE(plain && fallback);
+  auto scrape = [](const auto& server) { return http_get(server->port(), "/metrics"); };
+  EXPECT_NE(scrape(*fallback).find("ecx_own_total 2"), std::string::npos);
+  EXPECT_NE(scrape(*fallback).find("ecx_global_only_for_this_test_total 3"), std::string::npos);
+  EXPECT_EQ(scrape(*plain).find("ecx_global_only_for_this_test_total"), std::string::npos);
+
+  auto global = MetricsServer::start(Registry::global(), "127.0.0.1", 0);
+  ASSERT_TRUE(global);
+  EXPECT_EQ(MetricsServer::global_servers(), 1);
+  EXPECT_NE(scrape(*global).find("ecx_global_only_for_this_test_total 3"), std::string::npos);
+  const auto while_served = scrape(*fallback);
+  EXPECT_NE(while_served.find("ecx_own_total 2"), std::string::npos);
+  EXPECT_EQ(while_served.find("ecx_global_only_for_this_test_total"), std::string::npos) << "shown twice";
+
+  (*global)->stop();
+  (*global)->stop();  // counted down once
+  EXPECT_EQ(MetricsServer::global_servers(), 0);
+  EXPECT_NE(scrape(*fallback).find("ecx_global_only_for_this_test_total 3"), std::string::npos);
+}
+
 TEST(MetricsServer, RejectsANonNumericHost) {
   Registry registry;
   auto server = MetricsServer::start(registry, "not-an-ip", 0);
