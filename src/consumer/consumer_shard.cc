@@ -392,10 +392,10 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
     auto counter = [&](std::string_view name, std::string_view help, std::string_view outcome, std::uint64_t v) {
       metrics::Labels labels = shard;
       if (!outcome.empty()) labels.emplace_back("outcome", std::string(outcome));
-      sink.sample(name, help, metrics::SampleType::counter, labels, static_cast<double>(v));
+      sink.counter(name, help, v, labels);
     };
     auto gauge = [&](std::string_view name, std::string_view help, std::uint64_t v) {
-      sink.sample(name, help, metrics::SampleType::gauge, shard, static_cast<double>(v));
+      sink.gauge(name, help, v, shard);
     };
     constexpr std::string_view kReserve = "Reserve requests by outcome";
     counter("consumer_reserves_total", kReserve, "writer", r.reserved_writer);

@@ -792,7 +792,7 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     auto counter = [&](std::string_view name, std::string_view help, std::string_view outcome, std::uint64_t v) {
       metrics::Labels labels;
       if (!outcome.empty()) labels.emplace_back("outcome", std::string(outcome));
-      sink.sample(name, help, metrics::SampleType::counter, labels, static_cast<double>(v));
+      sink.counter(name, help, v, labels);
     };
     constexpr std::string_view kPushes = "Pushes by outcome";
     counter("producer_pushes_total", kPushes, "done", p.done);
@@ -809,10 +809,8 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     counter("producer_yields_total",
             "Reservations given back while a sibling shard of the same push waited for space (reserved again with it)",
             "", p.yields);
-    sink.sample("producer_active_pushes", "Pushes not yet terminal", metrics::SampleType::gauge, {},
-                static_cast<double>(p.active));
-    sink.sample("producer_staging_used_bytes", "Staging pool bytes held", metrics::SampleType::gauge, {},
-                static_cast<double>(s->staging->used_bytes()));
+    sink.gauge("producer_active_pushes", "Pushes not yet terminal", p.active);
+    sink.gauge("producer_staging_used_bytes", "Staging pool bytes held", s->staging->used_bytes());
     EngineCounters engine;
     {
       std::lock_guard lock(s->counters_mutex);

@@ -215,22 +215,20 @@ void PresenceIndex::run_feed() noexcept {
 std::uint64_t PresenceIndex::export_metrics(metrics::Registry& registry) const {
   return registry.add_collector([this](metrics::SampleSink& sink) {
     const PresenceCounters c = counters();
-    auto counter = [&](std::string_view name, std::string_view help, std::uint64_t v) {
-      sink.sample(name, help, metrics::SampleType::counter, {}, static_cast<double>(v));
-    };
-    counter("store_presence_lookups_total", "has_cache_item questions answered from the presence index", c.lookups);
-    counter("store_presence_hits_total", "has_cache_item answered present (the item is loaded, not encoded)", c.hits);
-    counter("store_presence_misses_total", "has_cache_item answered absent (the item is encoded)", c.misses);
-    counter("store_presence_confirmations_total", "mm_hashes looked up in the store off the scheduler thread",
-            c.confirmations);
-    counter("store_presence_confirmations_dropped_total", "Lookups not queued: the queue was full",
-            c.confirmations_dropped);
-    counter("store_presence_feed_events_total", "Store change notifications received", c.feed_events);
-    counter("store_presence_feed_errors_total", "Times the store's change notifications were cut", c.feed_errors);
-    counter("store_presence_store_errors_total", "Presence lookups that failed on the store", c.store_errors);
-    counter("store_presence_forgotten_total", "Entries forgotten after a failed load", c.forgotten);
-    sink.sample("store_presence_entries", "mm_hashes known present", metrics::SampleType::gauge, {},
-                static_cast<double>(c.entries));
+    sink.counter("store_presence_lookups_total", "has_cache_item questions answered from the presence index",
+                 c.lookups);
+    sink.counter("store_presence_hits_total", "has_cache_item answered present (the item is loaded, not encoded)",
+                 c.hits);
+    sink.counter("store_presence_misses_total", "has_cache_item answered absent (the item is encoded)", c.misses);
+    sink.counter("store_presence_confirmations_total", "mm_hashes looked up in the store off the scheduler thread",
+                 c.confirmations);
+    sink.counter("store_presence_confirmations_dropped_total", "Lookups not queued: the queue was full",
+                 c.confirmations_dropped);
+    sink.counter("store_presence_feed_events_total", "Store change notifications received", c.feed_events);
+    sink.counter("store_presence_feed_errors_total", "Times the store's change notifications were cut", c.feed_errors);
+    sink.counter("store_presence_store_errors_total", "Presence lookups that failed on the store", c.store_errors);
+    sink.counter("store_presence_forgotten_total", "Entries forgotten after a failed load", c.forgotten);
+    sink.gauge("store_presence_entries", "mm_hashes known present", c.entries);
   });
 }
 

@@ -75,6 +75,13 @@ class SampleSink {
   virtual ~SampleSink() = default;
   virtual void sample(std::string_view name, std::string_view help, SampleType type, const Labels& labels,
                       double value) = 0;
+  // A component's own integer counts, sampled as they are.
+  void counter(std::string_view name, std::string_view help, std::uint64_t value, const Labels& labels = {}) {
+    sample(name, help, SampleType::counter, labels, static_cast<double>(value));
+  }
+  void gauge(std::string_view name, std::string_view help, std::uint64_t value, const Labels& labels = {}) {
+    sample(name, help, SampleType::gauge, labels, static_cast<double>(value));
+  }
 };
 
 using Collector = std::function<void(SampleSink&)>;

@@ -79,47 +79,47 @@ std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) 
       std::lock_guard lock(published->mutex);
       s = published->stats;
     }
-    auto counter = [&sink](std::string_view name, std::string_view help, std::uint64_t v,
-                           const metrics::Labels& labels = {}) {
-      sink.sample(name, help, metrics::SampleType::counter, labels, static_cast<double>(v));
-    };
     constexpr std::string_view kEvents =
         "Readiness, abandoned and failed events from the consumer shards, by what became of them";
-    counter("scheduler_events_total", kEvents, s.ready_accepted, {{"outcome", "ready_accepted"}});
-    counter("scheduler_events_total", kEvents, s.ready_ignored, {{"outcome", "ready_ignored"}});
-    counter("scheduler_events_total", kEvents, s.abandoned_events, {{"outcome", "abandoned"}});
-    counter("scheduler_events_total", kEvents, s.failed_events, {{"outcome", "failed"}});
-    counter("scheduler_events_total", kEvents, s.events_malformed, {{"outcome", "malformed"}});
+    sink.counter("scheduler_events_total", kEvents, s.ready_accepted, {{"outcome", "ready_accepted"}});
+    sink.counter("scheduler_events_total", kEvents, s.ready_ignored, {{"outcome", "ready_ignored"}});
+    sink.counter("scheduler_events_total", kEvents, s.abandoned_events, {{"outcome", "abandoned"}});
+    sink.counter("scheduler_events_total", kEvents, s.failed_events, {{"outcome", "failed"}});
+    sink.counter("scheduler_events_total", kEvents, s.events_malformed, {{"outcome", "malformed"}});
     constexpr std::string_view kCancels =
         "Reservation cancels and releases sent to the consumer shards, by outcome (queued counts every one sent)";
-    counter("scheduler_cancels_total", kCancels, s.cancels_queued, {{"outcome", "queued"}});
-    counter("scheduler_cancels_total", kCancels, s.cancels_succeeded, {{"outcome", "succeeded"}});
-    counter("scheduler_cancels_total", kCancels, s.cancels_failed, {{"outcome", "failed"}});
-    counter("scheduler_cancels_total", kCancels, s.cancels_dropped, {{"outcome", "dropped"}});
-    counter("scheduler_cancels_total", kCancels, s.cancels_abandoned, {{"outcome", "abandoned"}});
-    counter("scheduler_cancels_total", kCancels, s.cancels_local_only, {{"outcome", "local_only"}});
-    counter("scheduler_readiness_rechecks_total", "Waiting transfers asked about on every shard", s.readiness_rechecks);
-    counter("scheduler_readiness_recovered_total",
-            "Readiness learnt by asking a shard before its event was drained (lost, or queued behind others)",
-            s.readiness_recovered);
-    counter("scheduler_pushes_planned_total", "Pushes the producer's scheduler planned", s.pushes_planned);
-    counter("scheduler_local_fallbacks_total", "Items whose push could no longer arrive, encoded locally instead",
-            s.local_fallbacks);
-    counter("scheduler_malformed_requests_total", "Requests whose ec_transfer_params did not parse",
-            s.malformed_requests);
-    counter("scheduler_store_hits_total", "has_cache_item answered from the shared embedding store", s.store_hits);
-    counter("scheduler_store_loads_total", "Items loaded from the shared store instead of encoded", s.store_loads);
+    sink.counter("scheduler_cancels_total", kCancels, s.cancels_queued, {{"outcome", "queued"}});
+    sink.counter("scheduler_cancels_total", kCancels, s.cancels_succeeded, {{"outcome", "succeeded"}});
+    sink.counter("scheduler_cancels_total", kCancels, s.cancels_failed, {{"outcome", "failed"}});
+    sink.counter("scheduler_cancels_total", kCancels, s.cancels_dropped, {{"outcome", "dropped"}});
+    sink.counter("scheduler_cancels_total", kCancels, s.cancels_abandoned, {{"outcome", "abandoned"}});
+    sink.counter("scheduler_cancels_total", kCancels, s.cancels_local_only, {{"outcome", "local_only"}});
+    sink.counter("scheduler_readiness_rechecks_total", "Waiting transfers asked about on every shard",
+                 s.readiness_rechecks);
+    sink.counter("scheduler_readiness_recovered_total",
+                 "Readiness learnt by asking a shard before its event was drained (lost, or queued behind others)",
+                 s.readiness_recovered);
+    sink.counter("scheduler_pushes_planned_total", "Pushes the producer's scheduler planned", s.pushes_planned);
+    sink.counter("scheduler_local_fallbacks_total", "Items whose push could no longer arrive, encoded locally instead",
+                 s.local_fallbacks);
+    sink.counter("scheduler_malformed_requests_total", "Requests whose ec_transfer_params did not parse",
+                 s.malformed_requests);
+    sink.counter("scheduler_store_hits_total", "has_cache_item answered from the shared embedding store", s.store_hits);
+    sink.counter("scheduler_store_loads_total", "Items loaded from the shared store instead of encoded", s.store_loads);
     constexpr std::string_view kRejected =
         "Messages on the scheduler's event subscription dropped before they became events, by why";
-    counter("scheduler_subscription_rejected_total", kRejected, s.subscription_malformed, {{"reason", "malformed"}});
-    counter("scheduler_subscription_rejected_total", kRejected, s.subscription_unknown_kind,
-            {{"reason", "unknown_kind"}});
-    counter("scheduler_subscription_rejected_total", kRejected, s.subscription_auth_failures,
-            {{"reason", "auth_failed"}});
+    sink.counter("scheduler_subscription_rejected_total", kRejected, s.subscription_malformed,
+                 {{"reason", "malformed"}});
+    sink.counter("scheduler_subscription_rejected_total", kRejected, s.subscription_unknown_kind,
+                 {{"reason", "unknown_kind"}});
+    sink.counter("scheduler_subscription_rejected_total", kRejected, s.subscription_auth_failures,
+                 {{"reason", "auth_failed"}});
     constexpr std::string_view kDiscoveries =
         "Topology discoveries of the consumer's shards for the event subscription (failed: retried after 1 s)";
-    counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_started, {{"outcome", "started"}});
-    counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_failed, {{"outcome", "failed"}});
+    sink.counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_started,
+                 {{"outcome", "started"}});
+    sink.counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_failed,
+                 {{"outcome", "failed"}});
   });
 }
 

@@ -416,27 +416,23 @@ void WorkerCoordinator::export_metrics(metrics::Registry& registry) {
   if (store_) {
     collectors_.push_back(registry.add_collector([this](metrics::SampleSink& sink) {
       const StoreWorkerCounters c = store_counters();
-      auto counter = [&](std::string_view name, std::string_view help, std::uint64_t v) {
-        sink.sample(name, help, metrics::SampleType::counter, {}, static_cast<double>(v));
-      };
-      counter("store_prefetched_total", "Store entries read and verified ahead of their allocation", c.prefetched);
-      counter("store_prefetch_failures_total", "Prefetches the store could not give (the item is encoded)",
-              c.prefetch_failures);
-      counter("store_prefetch_dropped_total", "Prefetched copies nobody allocated in time", c.prefetch_dropped);
-      sink.sample("store_prefetch_held_bytes", "Host bytes of prefetched store entries held",
-                  metrics::SampleType::gauge, {}, static_cast<double>(c.prefetch_held_bytes));
-      counter("store_loads_total", "Items loaded from the shared store instead of encoded", c.loads);
-      counter("store_load_failures_total", "Store loads that failed (absent, corrupt, store down or slow)",
-              c.load_failures);
-      counter("store_loaded_bytes_total", "Payload bytes loaded from the store", c.bytes_loaded);
-      counter("store_publish_offered_total", "Computed outputs offered for publishing", c.offered);
-      counter("store_published_total", "Computed outputs written to the store", c.published);
-      counter("store_published_bytes_total", "Payload bytes written to the store", c.bytes_published);
-      counter("store_publish_dropped_total", "Outputs not published: pending bounds full, or at shutdown",
-              c.publish_dropped);
-      counter("store_publish_failed_total", "Publishes the store refused or could not take", c.publish_failed);
-      counter("store_errors_total", "Store calls that failed on the store itself", c.store_errors);
-      counter("store_rejected_total", "Store entries refused by their checks (checksum, model, size)", c.rejected);
+      sink.counter("store_prefetched_total", "Store entries read and verified ahead of their allocation", c.prefetched);
+      sink.counter("store_prefetch_failures_total", "Prefetches the store could not give (the item is encoded)",
+                   c.prefetch_failures);
+      sink.counter("store_prefetch_dropped_total", "Prefetched copies nobody allocated in time", c.prefetch_dropped);
+      sink.gauge("store_prefetch_held_bytes", "Host bytes of prefetched store entries held", c.prefetch_held_bytes);
+      sink.counter("store_loads_total", "Items loaded from the shared store instead of encoded", c.loads);
+      sink.counter("store_load_failures_total", "Store loads that failed (absent, corrupt, store down or slow)",
+                   c.load_failures);
+      sink.counter("store_loaded_bytes_total", "Payload bytes loaded from the store", c.bytes_loaded);
+      sink.counter("store_publish_offered_total", "Computed outputs offered for publishing", c.offered);
+      sink.counter("store_published_total", "Computed outputs written to the store", c.published);
+      sink.counter("store_published_bytes_total", "Payload bytes written to the store", c.bytes_published);
+      sink.counter("store_publish_dropped_total", "Outputs not published: pending bounds full, or at shutdown",
+                   c.publish_dropped);
+      sink.counter("store_publish_failed_total", "Publishes the store refused or could not take", c.publish_failed);
+      sink.counter("store_errors_total", "Store calls that failed on the store itself", c.store_errors);
+      sink.counter("store_rejected_total", "Store entries refused by their checks (checksum, model, size)", c.rejected);
     }));
   }
 }
