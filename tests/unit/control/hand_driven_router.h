@@ -19,9 +19,13 @@
 namespace ecx::control::testing {
 
 struct HandDrivenRouter {
-  HandDrivenRouter() : router(ctx, zmq::socket_type::router) {
+  HandDrivenRouter() : HandDrivenRouter("*") {}
+  // On a given port: a test takes over the port of a shard it stopped, so that no
+  // listener of another test can take it and answer in the shard's place.
+  explicit HandDrivenRouter(int port) : HandDrivenRouter(std::to_string(port)) {}
+  explicit HandDrivenRouter(const std::string& port) : router(ctx, zmq::socket_type::router) {
     router.set(zmq::sockopt::linger, 0);
-    router.bind("tcp://127.0.0.1:*");
+    router.bind("tcp://127.0.0.1:" + port);
     address = router.get(zmq::sockopt::last_endpoint);
   }
   // The next request's routing id and decoded request; nullopt when none came within 5 s.
