@@ -465,7 +465,6 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
 // One round: both role processes through every phase, then the raw plane's baseline of
 // each phase. Prints the round's table; returns its series (ECX rows and raw rows).
 struct Round {
-  std::vector<json> series;
   std::vector<json> phases;  // the ECX rows, in phase order
   std::vector<json> raws;    // the raw plane's row of each phase (null: not measured)
   bool ok = false;
@@ -577,13 +576,9 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
       }
     }
     print_row(e2e);
-    round.series.push_back(e2e);
     round.phases.push_back(e2e);
     round.raws.push_back(raw.value_or(json()));
-    if (raw) {
-      print_row(*raw);
-      round.series.push_back(*raw);
-    }
+    if (raw) print_row(*raw);
   }
   return round;
 }
@@ -666,9 +661,13 @@ int run_all(const E2eOptions& o) {
       return 1;
     }
     ok = ok && round->ok;
-    for (auto s : round->series) {
-      if (o.rounds > 1) s["round"] = r + 1;
-      series.push_back(std::move(s));
+    // Each phase's ECX row, then its raw row.
+    for (std::size_t k = 0; k < round->phases.size(); ++k) {
+      for (json row : {round->phases[k], round->raws[k]}) {
+        if (row.is_null()) continue;
+        if (o.rounds > 1) row["round"] = r + 1;
+        series.push_back(std::move(row));
+      }
     }
     rounds.push_back(std::move(*round));
   }

@@ -157,23 +157,25 @@ struct ConsumerChannel::CancelSender {
       std::vector<std::shared_ptr<CancelTicket>> batch;
       {
         std::lock_guard lock(queue->mutex);
-        if (queue->waiting.empty() || queue->closing) {
-          queue->sending = false;  // what still waits at closing stays unsent (close counts it)
-          return;
-        }
+        if (stops()) return;
         batch.swap(queue->waiting);
       }
       send_cancels(*control, base, attempts, batch);
       {
         std::lock_guard lock(queue->mutex);
-        if (queue->waiting.empty() || queue->closing) {
-          queue->sending = false;
-          return;
-        }
+        if (stops()) return;
       }
       if (executor->try_submit(*this)) return;  // goes on in a fresh task
       // The executor's queue is full (or closing, seen above next round): go on here.
     }
+  }
+
+  // Under queue->mutex: nothing left to send, or closing (what still waits then stays
+  // unsent; close counts it). The next cancel queued starts a sender again.
+  bool stops() const {
+    if (!queue->waiting.empty() && !queue->closing) return false;
+    queue->sending = false;
+    return true;
   }
 };
 

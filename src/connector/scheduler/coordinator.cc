@@ -79,21 +79,29 @@ std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) 
       std::lock_guard lock(published->mutex);
       s = published->stats;
     }
-    constexpr std::string_view kEvents =
-        "Readiness, abandoned and failed events from the consumer shards, by what became of them";
-    sink.counter("scheduler_events_total", kEvents, s.ready_accepted, {{"outcome", "ready_accepted"}});
-    sink.counter("scheduler_events_total", kEvents, s.ready_ignored, {{"outcome", "ready_ignored"}});
-    sink.counter("scheduler_events_total", kEvents, s.abandoned_events, {{"outcome", "abandoned"}});
-    sink.counter("scheduler_events_total", kEvents, s.failed_events, {{"outcome", "failed"}});
-    sink.counter("scheduler_events_total", kEvents, s.events_malformed, {{"outcome", "malformed"}});
-    constexpr std::string_view kCancels =
-        "Reservation cancels and releases sent to the consumer shards, by outcome (queued counts every one sent)";
-    sink.counter("scheduler_cancels_total", kCancels, s.cancels_queued, {{"outcome", "queued"}});
-    sink.counter("scheduler_cancels_total", kCancels, s.cancels_succeeded, {{"outcome", "succeeded"}});
-    sink.counter("scheduler_cancels_total", kCancels, s.cancels_failed, {{"outcome", "failed"}});
-    sink.counter("scheduler_cancels_total", kCancels, s.cancels_dropped, {{"outcome", "dropped"}});
-    sink.counter("scheduler_cancels_total", kCancels, s.cancels_abandoned, {{"outcome", "abandoned"}});
-    sink.counter("scheduler_cancels_total", kCancels, s.cancels_local_only, {{"outcome", "local_only"}});
+    // One family, one series per label value.
+    using Series = std::initializer_list<std::pair<std::string_view, std::uint64_t>>;
+    auto family = [&sink](std::string_view name, std::string_view help, std::string_view label, Series series) {
+      for (const auto& [value, count] : series) {
+        sink.counter(name, help, count, {{std::string(label), std::string(value)}});
+      }
+    };
+    family("scheduler_events_total",
+           "Readiness, abandoned and failed events from the consumer shards, by what became of them", "outcome",
+           {{"ready_accepted", s.ready_accepted},
+            {"ready_ignored", s.ready_ignored},
+            {"abandoned", s.abandoned_events},
+            {"failed", s.failed_events},
+            {"malformed", s.events_malformed}});
+    family("scheduler_cancels_total",
+           "Reservation cancels and releases sent to the consumer shards, by outcome (queued counts every one sent)",
+           "outcome",
+           {{"queued", s.cancels_queued},
+            {"succeeded", s.cancels_succeeded},
+            {"failed", s.cancels_failed},
+            {"dropped", s.cancels_dropped},
+            {"abandoned", s.cancels_abandoned},
+            {"local_only", s.cancels_local_only}});
     sink.counter("scheduler_readiness_rechecks_total", "Waiting transfers asked about on every shard",
                  s.readiness_rechecks);
     sink.counter("scheduler_readiness_recovered_total",
@@ -106,20 +114,14 @@ std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) 
                  s.malformed_requests);
     sink.counter("scheduler_store_hits_total", "has_cache_item answered from the shared embedding store", s.store_hits);
     sink.counter("scheduler_store_loads_total", "Items loaded from the shared store instead of encoded", s.store_loads);
-    constexpr std::string_view kRejected =
-        "Messages on the scheduler's event subscription dropped before they became events, by why";
-    sink.counter("scheduler_subscription_rejected_total", kRejected, s.subscription_malformed,
-                 {{"reason", "malformed"}});
-    sink.counter("scheduler_subscription_rejected_total", kRejected, s.subscription_unknown_kind,
-                 {{"reason", "unknown_kind"}});
-    sink.counter("scheduler_subscription_rejected_total", kRejected, s.subscription_auth_failures,
-                 {{"reason", "auth_failed"}});
-    constexpr std::string_view kDiscoveries =
-        "Topology discoveries of the consumer's shards for the event subscription (failed: retried after 1 s)";
-    sink.counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_started,
-                 {{"outcome", "started"}});
-    sink.counter("scheduler_subscription_discoveries_total", kDiscoveries, s.discoveries_failed,
-                 {{"outcome", "failed"}});
+    family("scheduler_subscription_rejected_total",
+           "Messages on the scheduler's event subscription dropped before they became events, by why", "reason",
+           {{"malformed", s.subscription_malformed},
+            {"unknown_kind", s.subscription_unknown_kind},
+            {"auth_failed", s.subscription_auth_failures}});
+    family("scheduler_subscription_discoveries_total",
+           "Topology discoveries of the consumer's shards for the event subscription (failed: retried after 1 s)",
+           "outcome", {{"started", s.discoveries_started}, {"failed", s.discoveries_failed}});
   });
 }
 
