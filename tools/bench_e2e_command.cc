@@ -19,9 +19,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -175,6 +177,93 @@ void print_stage_table(const std::vector<json>& phases) {
   }
 }
 
+// ---------------------------------------------------------------- CPU per item
+
+// CPU time per item of each thread name, us.
+json cpu_per_item(const std::map<std::string, std::uint64_t>& thread_cpu_ns, std::uint64_t items) {
+  json out = json::object();
+  if (items == 0) return out;
+  for (const auto& [name, ns] : thread_cpu_ns) {
+    out[name] = static_cast<double>(ns) / 1e3 / static_cast<double>(items);
+  }
+  return out;
+}
+
+// What a thread name is, and whether it is the simulated engine's rather than ECX's.
+// The engine threads ("ecx": the process's main thread and, with TP > 1, one per
+// rank) run both: the simulator's own part is measured apart (sim_us_per_item).
+struct ThreadKind {
+  std::string label;
+  bool simulator = false;
+};
+
+ThreadKind thread_kind(const std::string& name) {
+  static const std::map<std::string, std::string, std::less<>> ecx_threads = {
+      {"ecx-ucx", "UCX progress"},
+      {"ecx-push", "push dispatcher"},
+      {"ecx-executor", "scheduler executor"},
+      {"ecx-ctl-server", "control server"},
+      {"ecx-ctl-client", "control client I/O"},
+      {"async", "UCX async events"},
+      {"ecx-metrics", "metrics endpoint"},
+  };
+  if (auto it = ecx_threads.find(name); it != ecx_threads.end()) return {it->second, false};
+  // ZeroMQ's "<tag>/ZMQbg/IO/0" and "<tag>/ZMQbg/Reaper" (src/control/zmq_util.h).
+  if (const auto slash = name.find("/ZMQbg/"); slash != std::string::npos) {
+    const std::string tag = name.substr(0, slash);
+    const std::string what = name.substr(slash + 7) == "Reaper" ? "reaper" : "I/O";
+    if (tag == std::to_string(sim::kAdmitContextTag)) return {"ZeroMQ " + what + ": admit channel", true};
+    static const std::map<std::string, std::string, std::less<>> contexts = {
+        {"1", "control client"}, {"2", "control server"}, {"3", "event subscription"}};
+    if (auto it = contexts.find(tag); it != contexts.end()) return {"ZeroMQ " + what + ": " + it->second, false};
+  }
+  return {name, false};
+}
+
+// One phase's CPU per item, thread by thread, then ECX's, the simulated engine's and
+// both: the machine's cost of an item, and the rate this host's CPUs allow at it.
+void print_cpu_table(const std::vector<json>& phases) {
+  const TextTable table({{"size", 8}, {"phase", 10}, {"process", 8}, {"thread", 34}, {"us/item", 8}});
+  const unsigned cpus = std::max(1U, std::thread::hardware_concurrency());
+  std::cout << "\nCPU per item (each process's threads during its phase, by name; the engine threads split into "
+               "the simulator's own work and ECX's calls):\n";
+  table.print_header(std::cout);
+  for (const auto& e2e : phases) {
+    if (!e2e.contains("cpu_us_per_item") || !e2e.contains("producer_cpu_us_per_item")) continue;
+    const std::string size = byte_size_label(e2e.value("size_bytes", std::uint64_t{0}));
+    const std::string phase = e2e.value("phase", std::string());
+    double ecx = 0;
+    double simulator = 0;
+    auto row = [&](const char* process, const std::string& label, double us, bool is_sim) {
+      (is_sim ? simulator : ecx) += us;
+      if (us >= 0.05) table.print_row(std::cout, {size, phase, process, label, fmt::format("{:.1f}", us)});
+    };
+    for (const auto& [process, cpu_key, sim_key] :
+         {std::tuple{"consumer", "cpu_us_per_item", "sim_us_per_item"},
+          std::tuple{"producer", "producer_cpu_us_per_item", "producer_sim_us_per_item"}}) {
+      for (const auto& [name, value] : e2e[cpu_key].items()) {
+        const double us = value.get<double>();
+        if (name == "ecx") {
+          const double sim_us = std::min(us, e2e.value(sim_key, 0.0));
+          row(process, "engine threads: ECX's calls", us - sim_us, false);
+          row(process, "engine threads: simulator", sim_us, true);
+          continue;
+        }
+        const auto kind = thread_kind(name);
+        row(process, kind.label, us, kind.simulator);
+      }
+    }
+    const double all = ecx + simulator;
+    table.print_row(std::cout, {size, phase, "both", "ECX", fmt::format("{:.1f}", ecx)});
+    table.print_row(std::cout, {size, phase, "both", "simulated engines", fmt::format("{:.1f}", simulator)});
+    table.print_row(std::cout, {size, phase, "both", "all", fmt::format("{:.1f}", all)});
+    if (all > 0 && e2e.value("window", 1) > 1) {  // many in flight: the CPUs, not a hand-back, set the pace
+      table.print_row(std::cout, {size, phase, "both", fmt::format("items/s {} CPUs allow at this cost", cpus),
+                                  fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / all)});
+    }
+  }
+}
+
 // ---------------------------------------------------------------- consumer role
 
 // `same_host`: the producer's stamps (its steady clock) mean something here.
@@ -229,6 +318,7 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
            {"p99_us", sim::percentile(ttr_us, 99)},
            {"sim_us_per_item",
             r.items_ready > 0 ? static_cast<double>(r.sim_engine_ns) / 1e3 / static_cast<double>(r.items_ready) : 0.0},
+           {"cpu_us_per_item", cpu_per_item(r.thread_cpu_ns, r.items_ready)},
            {"leaked_pool_bytes", r.leaked_pool_bytes},
            {"checksum_mismatches", r.checksum_mismatches},
            {"content_mismatches", r.content_mismatches},
@@ -375,6 +465,7 @@ int run_producer_role(const E2eOptions& o) {
                       {"retry_afters", r->retry_afters},
                       {"sim_us_per_item",
                        r->items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->items) : 0.0},
+                      {"cpu_us_per_item", cpu_per_item(r->thread_cpu_ns, r->items)},
                       {"wall_s", r->wall_s},
                       {"stages", stage_report(stages_before, kProducerStages)}}
                      .dump()
@@ -547,6 +638,7 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
     if (k < produced.size()) {
       e2e["retry_afters"] = produced[k].value("retry_afters", std::uint64_t{0});
       e2e["producer_sim_us_per_item"] = produced[k].value("sim_us_per_item", 0.0);
+      if (produced[k].contains("cpu_us_per_item")) e2e["producer_cpu_us_per_item"] = produced[k]["cpu_us_per_item"];
       if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
     std::optional<json> raw;
@@ -687,7 +779,10 @@ int run_all(const E2eOptions& o) {
          "threads (encoder-cache allocation, content check after the ready stamp: every block's stamp, every "
          "byte of 1 item in 16; the admit channel's messages) + producer (stamping the content, admit messages), "
          "no part of ECX\n";
-  if (!rounds.empty()) print_stage_table(rounds.back().phases);
+  if (!rounds.empty()) {
+    print_stage_table(rounds.back().phases);
+    print_cpu_table(rounds.back().phases);
+  }
   if (rounds.size() > 1 && o.baseline) print_round_summary(*phases, rounds);
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";
   if (!o.json_file.empty()) {

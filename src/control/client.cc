@@ -89,7 +89,7 @@ struct ControlClient::State {
   ClientOptions options;
   wire::FrameSecurity security;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
-  zmq::context_t context{1};
+  zmq::context_t context = detail::tagged_context(detail::ContextTag::control_client);
   detail::Wakeup wakeup;
   detail::Wakeup closing;  // notified once by close() and never cleared: ends the lanes' waits
   std::atomic<std::uint64_t> next_id{1};

@@ -35,7 +35,7 @@ struct EventInbox::State {
   wire::FrameSecurity security;
   std::optional<wire::ReplayGuard> replay;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
-  zmq::context_t context{1};
+  zmq::context_t context = detail::tagged_context(detail::ContextTag::event_inbox);
   std::optional<zmq::socket_t> pull;
   std::shared_ptr<DiscoverySlot> discovery;  // running or finished, not yet installed
   TimePoint next_attempt{};

@@ -57,7 +57,7 @@ struct ControlServer::State {
   wire::FrameSecurity security;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("control");
 
-  zmq::context_t context{1};
+  zmq::context_t context = detail::tagged_context(detail::ContextTag::control_server);
   zmq::socket_t router{context, zmq::socket_type::router};
   zmq::socket_t push{context, zmq::socket_type::push};
   detail::Wakeup wakeup;

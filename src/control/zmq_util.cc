@@ -33,6 +33,13 @@ void Wakeup::clear() noexcept {
   pending_.store(false, std::memory_order_seq_cst);
 }
 
+zmq::context_t tagged_context(ContextTag tag) {
+  zmq::context_t context{1};
+  // Best effort: a name is no reason to fail.
+  (void)zmq_ctx_set(context.handle(), ZMQ_THREAD_NAME_PREFIX, static_cast<int>(tag));
+  return context;
+}
+
 void set_common_options(zmq::socket_t& socket, const wire::Limits& limits) {
   socket.set(zmq::sockopt::linger, 0);
   socket.set(zmq::sockopt::ipv6, 1);

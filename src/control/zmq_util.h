@@ -36,6 +36,13 @@ class Wakeup {
   std::atomic<bool> pending_{false};
 };
 
+// libzmq names a context's threads "<tag>/ZMQbg/IO/0" (libzmq 4.3 takes a number):
+// the tag says which of ECX's contexts a busy I/O thread serves, in `top -H` and in
+// the CPU table of `ecx bench e2e` (docs/operations.md lists them).
+enum class ContextTag : int { control_client = 1, control_server = 2, event_inbox = 3 };
+// One I/O thread, tagged. Set before the first socket starts the context's threads.
+zmq::context_t tagged_context(ContextTag tag);
+
 // Linger 0 (shutdown never waits for peers), IPv6 on, frames above the limit
 // refused by libzmq before they are buffered.
 void set_common_options(zmq::socket_t& socket, const wire::Limits& limits);

@@ -28,6 +28,7 @@
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
 #include "ecx/store/store_config.h"
+#include "sim/thread_cpu.h"
 
 namespace ecx::sim {
 namespace {
@@ -68,6 +69,12 @@ std::uint64_t thread_cpu_ns() {
   timespec t{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
+}
+
+zmq::context_t admit_context() {
+  zmq::context_t context{1};
+  (void)zmq_ctx_set(context.handle(), ZMQ_THREAD_NAME_PREFIX, kAdmitContextTag);  // a name only
+  return context;
 }
 
 // One engine thread per TP rank, as vLLM runs one worker process per rank: run(job)
@@ -308,7 +315,7 @@ double percentile(std::vector<double> samples, double pct) {
 struct ConsumerSim::State {
   ConsumerSimOptions options;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("sim");
-  zmq::context_t context{1};
+  zmq::context_t context = admit_context();
   // ROUTER: producers (DEALER) send admit messages; each resolved request is answered
   // to its sender ({"resolved": id}), so a producer can send one item at a time.
   zmq::socket_t admit{context, zmq::socket_type::router};
@@ -704,6 +711,7 @@ std::string ConsumerSim::control_address() const { return state_->options.config
 
 ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   auto& s = *state_;
+  const auto cpu_before = ThreadCpu::now();
   const auto started = s.options.clock->now();
   s.run_started = started;
   const auto deadline = started + s.options.deadline;
@@ -729,6 +737,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       }
     }
   }
+  s.result.thread_cpu_ns = ThreadCpu::now().used_since(cpu_before);
   // Whatever is still pending at the deadline failed.
   for (const auto& id : std::vector<std::string>(s.order)) s.fail_unscheduled(id);
   // Give the engine's frees back and let the shards acknowledge the scheduler's last
@@ -818,7 +827,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     (void)proxy_index->wait_confirmed(std::chrono::seconds(30));
   }
 
-  zmq::context_t context{1};
+  zmq::context_t context = admit_context();
   zmq::socket_t admit{context, zmq::socket_type::dealer};
   admit.set(zmq::sockopt::linger, 5000);  // let the final "done" reach the consumer
   admit.set(zmq::sockopt::ipv6, 1);
@@ -842,6 +851,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   // zero_copy_saves: the encoder writes its outputs into memory it lends to ECX.
   std::shared_ptr<LentOutputs> lent_outputs;
   if (o.config.zero_copy_saves) lent_outputs = std::make_shared<LentOutputs>(o.config.buffer_size, o.config.prefault);
+  const auto cpu_before = ThreadCpu::now();
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
@@ -1016,6 +1026,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       }
     }
   }
+  result.thread_cpu_ns = ThreadCpu::now().used_since(cpu_before);
   (void)worker.wait_published(std::chrono::seconds(2));  // best effort: what is left is dropped, counted
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,10 @@ struct Progress {
   std::uint64_t encoder_cache_bytes = 0;  // the simulated engine's encoder caches, all ranks (pages mapped)
   double elapsed_s = 0;
 };
+
+// The ZeroMQ context tag of the simulated engines' admit channel: its I/O thread is
+// named "9/ZMQbg/IO/0" (ECX's own contexts use 1-3, src/control/zmq_util.h).
+inline constexpr int kAdmitContextTag = 9;
 
 struct ConsumerResult {
   Progress progress;
@@ -85,6 +90,9 @@ struct ConsumerResult {
   // checks, the admit channel's messages), all ranks: what the bench costs itself, next to what
   // it measures.
   std::uint64_t sim_engine_ns = 0;
+  // CPU time of this process's threads during run(), by thread name (sim/thread_cpu.h):
+  // the engine threads (named "ecx"), ECX's own, and the admit channel's I/O thread.
+  std::map<std::string, std::uint64_t> thread_cpu_ns;
   bool producer_done = false;
   double wall_s = 0;
 };
@@ -153,6 +161,9 @@ struct ProducerResult {
   std::uint64_t store_hits = 0;               // answered present: loaded from the store, not encoded
   std::uint64_t store_prefetch_timeouts = 0;  // prefetches the worker never answered in time (encoded)
   worker::StoreWorkerCounters store;
+  // CPU time of this process's threads from the first request to the end, by thread
+  // name (as ConsumerResult's).
+  std::map<std::string, std::uint64_t> thread_cpu_ns;
   double wall_s = 0;
 };
 

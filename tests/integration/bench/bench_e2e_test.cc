@@ -1,0 +1,70 @@
+// `ecx bench e2e` as a user runs it (consumer and producer processes over UCX on
+// loopback), small: every item arrives, and its CPU table accounts for the threads
+// that did the work, ECX's and the simulated engines' apart.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/engine_sim.h"
+#include "sim/process.h"
+
+namespace ecx::sim {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string ecx_binary() { return std::string(ECX_BINARY_DIR) + "/bin/ecx"; }
+
+TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
+  const auto file = (std::filesystem::temp_directory_path() / "ecx-bench-e2e-test.json").string();
+  std::filesystem::remove(file);
+  auto child = ChildProcess::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ecx_binary(), "bench", "e2e", "--sizes",
+                                    "64KiB", "--count", "300", "--latency-count", "20", "--pool-size", "64MiB",
+                                    "--no-baseline", "--json", file});
+  ASSERT_TRUE(child) << child.status().to_string();
+  std::string output;
+  while (!child->eof()) {
+    if (auto line = child->read_line(200ms)) output += *line + "\n";
+  }
+  ASSERT_EQ(child->wait(60s).value_or(-1), 0) << output;
+  std::ifstream in(file);
+  const json series = json::parse(in, nullptr, false);
+  std::filesystem::remove(file);
+  ASSERT_TRUE(series.is_array()) << output;
+  ASSERT_EQ(series.size(), 2U) << series.dump();
+  const std::string admit_io = std::to_string(kAdmitContextTag) + "/ZMQbg/IO/0";
+  for (const auto& row : series) {
+    SCOPED_TRACE(row.dump());
+    EXPECT_EQ(row.value("items_ready", 0), row.value("items", -1));
+    const auto& consumer = row.at("cpu_us_per_item");
+    const auto& producer = row.at("producer_cpu_us_per_item");
+    // The data plane's threads moved every byte; the engine threads stepped; the
+    // simulated engines' admit channel is named apart from ECX's ZeroMQ contexts.
+    EXPECT_GT(consumer.value("ecx-ucx", 0.0), 0.0);
+    EXPECT_GT(producer.value("ecx-ucx", 0.0), 0.0);
+    EXPECT_GT(producer.value("ecx-push", 0.0), 0.0);
+    EXPECT_GT(consumer.value("ecx", 0.0), 0.0);
+    EXPECT_GT(producer.value("ecx", 0.0), 0.0);
+    EXPECT_TRUE(consumer.contains(admit_io));
+    EXPECT_TRUE(producer.contains(admit_io));
+    for (const auto* process : {&consumer, &producer}) {
+      for (const auto& [name, value] : process->items()) {
+        EXPECT_EQ(name.find("ZMQbg") == 0, false) << "an untagged ZeroMQ context: " << name;
+        EXPECT_GE(value.get<double>(), 0.0) << name;
+      }
+    }
+  }
+  EXPECT_NE(output.find("CPU per item"), std::string::npos) << output;
+  EXPECT_NE(output.find("items/s"), std::string::npos) << output;
+  EXPECT_NE(output.find("ZeroMQ I/O: admit channel"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace ecx::sim

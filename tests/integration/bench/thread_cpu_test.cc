@@ -1,0 +1,91 @@
+// The per-thread CPU accounting behind `ecx bench e2e`'s CPU table (sim/thread_cpu.h),
+// with real threads of this process: a busy one, an idle one, and one started after
+// the first snapshot.
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "sim/thread_cpu.h"
+
+namespace ecx::sim {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Spins until this thread has used `cpu` of CPU time (not wall time: the machine may
+// be loaded).
+void burn(std::chrono::nanoseconds cpu) {
+  timespec start{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+  const auto begin = std::chrono::seconds(start.tv_sec) + std::chrono::nanoseconds(start.tv_nsec);
+  while (true) {
+    timespec now{};  // the clock call itself is the work
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    if (std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec) - begin >= cpu) return;
+  }
+}
+
+TEST(ThreadCpu, CountsEachNamedThreadsTimeSinceTheSnapshot) {
+  std::atomic<bool> go{false};
+  std::atomic<bool> done{false};
+  std::thread busy([&] {
+    ::pthread_setname_np(::pthread_self(), "tcpu-busy");
+    burn(20ms);  // before the snapshot: not counted
+    while (!go.load()) std::this_thread::yield();
+    burn(60ms);
+    while (!done.load()) std::this_thread::sleep_for(1ms);
+  });
+  std::thread idle([&] {
+    ::pthread_setname_np(::pthread_self(), "tcpu-idle");
+    while (!done.load()) std::this_thread::sleep_for(5ms);
+  });
+  std::this_thread::sleep_for(100ms);  // both named, the busy one through its first burn
+  const auto before = ThreadCpu::now();
+  go.store(true);
+  std::thread late([] {
+    ::pthread_setname_np(::pthread_self(), "tcpu-late");
+    burn(30ms);
+  });
+  late.join();
+  // The busy thread's 60 ms, however loaded the machine.
+  const auto give_up = std::chrono::steady_clock::now() + 30s;
+  std::map<std::string, std::uint64_t> used;
+  do {
+    std::this_thread::sleep_for(10ms);
+    used = ThreadCpu::now().used_since(before);
+  } while (used["tcpu-busy"] < 60'000'000 && std::chrono::steady_clock::now() < give_up);
+  done.store(true);
+  busy.join();
+  idle.join();
+
+  EXPECT_GE(used["tcpu-busy"], 60'000'000U);
+  EXPECT_LT(used["tcpu-busy"], 78'000'000U);  // the 20 ms before the snapshot are not in it
+  EXPECT_LT(used["tcpu-idle"], 10'000'000U);
+  // Ended before this snapshot: its time is lost, as the header says.
+  EXPECT_EQ(used.count("tcpu-late"), 0U);
+}
+
+TEST(ThreadCpu, AThreadStartedSinceTheSnapshotCountsWhole) {
+  const auto before = ThreadCpu::now();
+  std::atomic<bool> done{false};
+  std::atomic<bool> burnt{false};
+  std::thread late([&] {
+    ::pthread_setname_np(::pthread_self(), "tcpu-new");
+    burn(30ms);
+    burnt.store(true);
+    while (!done.load()) std::this_thread::sleep_for(1ms);
+  });
+  while (!burnt.load()) std::this_thread::sleep_for(1ms);
+  const auto used = ThreadCpu::now().used_since(before);
+  done.store(true);
+  late.join();
+  ASSERT_EQ(used.count("tcpu-new"), 1U);
+  EXPECT_GE(used.at("tcpu-new"), 30'000'000U);
+}
+
+}  // namespace
+}  // namespace ecx::sim
