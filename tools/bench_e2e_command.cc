@@ -222,13 +222,14 @@ ThreadKind thread_kind(const std::string& name) {
 
 // One phase's CPU per item, thread by thread, then ECX's, the simulated engine's and
 // both: the machine's cost of an item, and the rate this host's CPUs allow at it.
-void print_cpu_table(const std::vector<json>& phases) {
+void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& raws) {
   const TextTable table({{"size", 8}, {"phase", 10}, {"process", 8}, {"thread", 34}, {"us/item", 8}});
   const unsigned cpus = std::max(1U, std::thread::hardware_concurrency());
   std::cout << "\nCPU per item (each process's threads during its phase, by name; the engine threads split into "
                "the simulator's own work and ECX's calls):\n";
   table.print_header(std::cout);
-  for (const auto& e2e : phases) {
+  for (std::size_t k = 0; k < phases.size(); ++k) {
+    const json& e2e = phases[k];
     if (!e2e.contains("cpu_us_per_item") || !e2e.contains("producer_cpu_us_per_item")) continue;
     const std::string size = byte_size_label(e2e.value("size_bytes", std::uint64_t{0}));
     const std::string phase = e2e.value("phase", std::string());
@@ -257,9 +258,19 @@ void print_cpu_table(const std::vector<json>& phases) {
     table.print_row(std::cout, {size, phase, "both", "ECX", fmt::format("{:.1f}", ecx)});
     table.print_row(std::cout, {size, phase, "both", "simulated engines", fmt::format("{:.1f}", simulator)});
     table.print_row(std::cout, {size, phase, "both", "all", fmt::format("{:.1f}", all)});
-    if (all > 0 && e2e.value("window", 1) > 1) {  // many in flight: the CPUs, not a hand-back, set the pace
+    const bool many = e2e.value("window", 1) > 1;  // many in flight: the CPUs, not a hand-back, set the pace
+    if (all > 0 && many) {
       table.print_row(std::cout, {size, phase, "both", fmt::format("items/s {} CPUs allow at this cost", cpus),
                                   fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / all)});
+    }
+    // The raw data plane's own cost per message, same round: sender and receiver.
+    if (k < raws.size() && raws[k].is_object() && raws[k].contains("cpu_us_per_item")) {
+      const double raw = raws[k].value("cpu_us_per_item", 0.0);
+      table.print_row(std::cout, {size, phase, "raw", "the raw data plane", fmt::format("{:.1f}", raw)});
+      if (raw > 0 && many) {
+        table.print_row(std::cout, {size, phase, "raw", fmt::format("items/s {} CPUs allow at this cost", cpus),
+                                    fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / raw)});
+      }
     }
   }
 }
@@ -546,6 +557,7 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
     // would be a floor no receiver could reach. The completion stays in the JSON.
     if (s.contains("delivery_p50_us")) out["p50_us"] = s["delivery_p50_us"];
     if (s.contains("delivery_p99_us")) out["p99_us"] = s["delivery_p99_us"];
+    if (s.contains("cpu_us_per_message")) out["cpu_us_per_item"] = s["cpu_us_per_message"];
     if (s.contains("p50_us")) out["completion_p50_us"] = s["p50_us"];
     if (s.contains("p99_us")) out["completion_p99_us"] = s["p99_us"];
     return out;
@@ -781,7 +793,7 @@ int run_all(const E2eOptions& o) {
          "no part of ECX\n";
   if (!rounds.empty()) {
     print_stage_table(rounds.back().phases);
-    print_cpu_table(rounds.back().phases);
+    print_cpu_table(rounds.back().phases, rounds.back().raws);
   }
   if (rounds.size() > 1 && o.baseline) print_round_summary(*phases, rounds);
   if (!ok) std::cout << "FAILED: a phase lost items, leaked pool bytes, mismatched or a process failed\n";

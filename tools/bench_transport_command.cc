@@ -43,6 +43,7 @@
 #include "ecx/pool/slab.h"
 #include "ecx/transport/mooncake_transport.h"
 #include "ecx/transport/ucx_transport.h"
+#include "sim/thread_cpu.h"
 
 namespace ecx::cli {
 namespace {
@@ -226,8 +227,18 @@ struct Series {
   // the sender's completion, an eager send's is not done before the bytes arrive.
   std::optional<double> delivery_p50_us, delivery_p99_us;
   std::optional<double> ratio_vs_perftest;
+  // CPU time of both processes' threads per measured message (the sender's over its
+  // measured sends, the receiver's from its first measured landing): what the raw data
+  // plane costs the machine per item, for `ecx bench e2e`'s CPU table.
+  std::optional<double> cpu_us_per_message;
   std::uint64_t count = 0;
 };
+
+std::uint64_t total_ns(const std::map<std::string, std::uint64_t>& by_thread) {
+  std::uint64_t total = 0;
+  for (const auto& [name, ns] : by_thread) total += ns;
+  return total;
+}
 
 double percentile(std::vector<double> values, double rank) {
   if (values.empty()) return 0;
@@ -299,13 +310,15 @@ int run_consumer(const BenchOptions& options) {
   std::mutex mutex;
   std::condition_variable landed;
   std::uint64_t outcomes = 0;
-  std::vector<double> delivery_us;  // of the payloads the producer marked as measured
+  std::vector<double> delivery_us;         // of the payloads the producer marked as measured
+  std::optional<sim::ThreadCpu> cpu_from;  // at the first measured landing (the warm-up is not stamped)
   ucx.on_landing = [&](std::span<const std::byte> header, const transport::Landing& /*landing*/, const Status& status) {
     const std::int64_t now_ns = monotonic_ns();
     std::lock_guard lock(mutex);
     ++outcomes;
     if (const auto sent = sent_stamp(header); status && sent) {
       delivery_us.push_back(static_cast<double>(now_ns - *sent) / 1e3);
+      if (!cpu_from) cpu_from = sim::ThreadCpu::now();
     }
     landed.notify_all();
   };
@@ -337,8 +350,9 @@ int run_consumer(const BenchOptions& options) {
   }
   const auto stats = transport->stats();
   std::lock_guard lock(mutex);
+  const std::uint64_t cpu_ns = cpu_from ? total_ns(sim::ThreadCpu::now().used_since(*cpu_from)) : 0;
   std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << " delivery_us "
-            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << std::endl;
+            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << " cpu_ns " << cpu_ns << std::endl;
   return 0;
 }
 
@@ -443,9 +457,11 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
 
   const std::uint64_t warmup = std::max<std::uint64_t>(window * 2, count / 10);
   ECX_RETURN_IF_ERROR(run_batch(warmup, false));
+  const auto cpu_from = sim::ThreadCpu::now();
   const auto begin = Clock::now();
   ECX_RETURN_IF_ERROR(run_batch(count, true));
   const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  const std::uint64_t sender_cpu_ns = total_ns(sim::ThreadCpu::now().used_since(cpu_from));
   // A payload the consumer could not place would still count as sent here: check.
   consumer.write_line(fmt::format("quit {}", warmup + count));
   const auto landed = consumer.read_line(30s);
@@ -457,7 +473,9 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   std::istringstream delivery(landed->substr(expected.size()));
   double delivery_p50 = 0;
   double delivery_p99 = 0;
-  delivery >> delivery_p50 >> delivery_p99;
+  std::string cpu_word;
+  std::uint64_t receiver_cpu_ns = 0;
+  delivery >> delivery_p50 >> delivery_p99 >> cpu_word >> receiver_cpu_ns;
   Series series;
   series.name = "ecx";
   series.transport = data_link_name(ucx_link(options));
@@ -468,6 +486,9 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   series.p99_us = percentile(ops.latencies_us(), 99);
   series.delivery_p50_us = delivery_p50;
   series.delivery_p99_us = delivery_p99;
+  if (cpu_word == "cpu_ns" && receiver_cpu_ns > 0 && count > 0) {
+    series.cpu_us_per_message = static_cast<double>(sender_cpu_ns + receiver_cpu_ns) / 1e3 / static_cast<double>(count);
+  }
   return series;
 }
 
@@ -674,6 +695,7 @@ nlohmann::json to_json(const Series& s) {
   if (s.delivery_p50_us) j["delivery_p50_us"] = *s.delivery_p50_us;
   if (s.delivery_p99_us) j["delivery_p99_us"] = *s.delivery_p99_us;
   if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
+  if (s.cpu_us_per_message) j["cpu_us_per_message"] = *s.cpu_us_per_message;
   return j;
 }
 

@@ -65,13 +65,14 @@ BenchRun bench_transport(const std::string& tag, const std::vector<std::string>&
   return run;
 }
 
-double ecx_gbps(const BenchRun& run) {
+double ecx_figure(const BenchRun& run, const char* key) {
   if (!run.series.is_array()) return 0;
   for (const auto& s : run.series) {
-    if (s.value("series", "") == "ecx") return s.value("gbps", 0.0);
+    if (s.value("series", "") == "ecx") return s.value(key, 0.0);
   }
   return 0;
 }
+double ecx_gbps(const BenchRun& run) { return ecx_figure(run, "gbps"); }
 
 // The bench fails (exit 1) when the consumer did not land every message, so exit 0
 // and a rate mean every payload of the run arrived, cache-warm or spread.
@@ -79,6 +80,8 @@ TEST(BenchTransport, MovesEveryMessageWithAndWithoutSpread) {
   const BenchRun warm = bench_transport("warm", {});
   EXPECT_EQ(warm.exit_code, 0) << warm.output;
   EXPECT_GT(ecx_gbps(warm), 0.0) << warm.output;
+  // Both processes' CPU per message (what `ecx bench e2e` sets ECX's cost against).
+  EXPECT_GT(ecx_figure(warm, "cpu_us_per_message"), 0.0) << warm.series.dump();
   const BenchRun spread = bench_transport("spread", {"--spread", "4MiB"});
   EXPECT_EQ(spread.exit_code, 0) << spread.output;
   EXPECT_GT(ecx_gbps(spread), 0.0) << spread.output;
