@@ -332,6 +332,7 @@ struct ConsumerSim::State {
     TimePoint admitted;
     std::optional<TimePoint> encoded;  // the producer's stamp: its last output handed to ECX
     std::string sender;                // the producer's routing id
+    bool wants_answer = false;         // the producer waits for this request's outcome (max_unresolved)
   };
   std::map<std::string, Pending> pending;          // admitted, not yet resolved
   std::vector<std::string> order;                  // admission order of `pending`
@@ -380,6 +381,7 @@ struct ConsumerSim::State {
         p.encoded = TimePoint(Duration(stamp->get<std::int64_t>()));
       }
       p.sender = identity.to_string();
+      p.wants_answer = doc.value("answer", false);
       for (const auto& it : doc.at("items")) {
         std::vector<std::int64_t> shape = it.at("shape").get<std::vector<std::int64_t>>();
         auto dtype = parse_dtype(it.at("dtype").get<std::string>());
@@ -405,6 +407,9 @@ struct ConsumerSim::State {
 
   // Tells the request's producer it resolved; a producer that left is skipped.
   void answer(const Pending& p, bool ready) {
+    // Only a producer that paces itself by the outcomes asks: an answer nobody reads
+    // would cost both processes a message per request.
+    if (!p.wants_answer) return;
     const auto started = thread_cpu_ns();
     const auto text = json{{"resolved", p.view.request_id}, {"ready", ready}}.dump();
     try {
@@ -916,6 +921,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
           items.push_back({{"mm_hash", item.mm_hash}, {"store", true}});
         }
         message["ec_transfer_params"] = json{{"ec_items", std::move(items)}};
+        if (o.max_unresolved > 0) message["answer"] = true;
         const auto text = message.dump();
         admit.send(zmq::buffer(text), zmq::send_flags::none);
         if (o.max_unresolved > 0) unresolved.insert(r->request_id);
@@ -1005,6 +1011,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
                    {"encoded_at_ns", encoded_at[b].time_since_epoch().count()}};
       for (const auto& item : batch[b]->items) message["items"].push_back(item_json(item));
       if (params.params) message["ec_transfer_params"] = json::parse(*params.params);
+      if (o.max_unresolved > 0) message["answer"] = true;  // paced by the outcomes: answer each
       const auto text = message.dump();
       admit.send(zmq::buffer(text), zmq::send_flags::none);
       result.sim_ns += thread_cpu_ns() - admit_started;
