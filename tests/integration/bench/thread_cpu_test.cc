@@ -32,18 +32,23 @@ void burn(std::chrono::nanoseconds cpu) {
 TEST(ThreadCpu, CountsEachNamedThreadsTimeSinceTheSnapshot) {
   std::atomic<bool> go{false};
   std::atomic<bool> done{false};
+  std::atomic<int> settled{0};  // threads named (and the busy one through its first burn)
   std::thread busy([&] {
     ::pthread_setname_np(::pthread_self(), "tcpu-busy");
     burn(20ms);  // before the snapshot: not counted
+    ++settled;
     while (!go.load()) std::this_thread::yield();
     burn(60ms);
     while (!done.load()) std::this_thread::sleep_for(1ms);
   });
   std::thread idle([&] {
     ::pthread_setname_np(::pthread_self(), "tcpu-idle");
+    ++settled;
     while (!done.load()) std::this_thread::sleep_for(5ms);
   });
-  std::this_thread::sleep_for(100ms);  // both named, the busy one through its first burn
+  const auto settle_by = std::chrono::steady_clock::now() + 30s;  // a loaded machine is slow, not wrong
+  while (settled.load() < 2 && std::chrono::steady_clock::now() < settle_by) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(settled.load(), 2);  // (no ASSERT: the threads must still be joined)
   const auto before = ThreadCpu::now();
   go.store(true);
   std::thread late([] {
@@ -51,7 +56,7 @@ TEST(ThreadCpu, CountsEachNamedThreadsTimeSinceTheSnapshot) {
     burn(30ms);
   });
   late.join();
-  // The busy thread's 60 ms, however loaded the machine.
+  // The busy thread's 60 ms (of its own CPU time), however loaded the machine.
   const auto give_up = std::chrono::steady_clock::now() + 30s;
   std::map<std::string, std::uint64_t> used;
   do {
