@@ -30,6 +30,7 @@
 
 #include "bench_command.h"
 #include "commands.h"
+#include "control/zmq_util.h"
 #include "core/logging.h"
 #include "data_link.h"
 #include "ecx/control/client.h"
@@ -208,14 +209,18 @@ ThreadKind thread_kind(const std::string& name) {
       {"ecx-metrics", "metrics endpoint"},
   };
   if (auto it = ecx_threads.find(name); it != ecx_threads.end()) return {it->second, false};
-  // ZeroMQ's "<tag>/ZMQbg/IO/0" and "<tag>/ZMQbg/Reaper" (src/control/zmq_util.h).
+  // ZeroMQ's "<tag>/ZMQbg/IO/0" and "<tag>/ZMQbg/Reaper" (control::detail::ContextTag).
   if (const auto slash = name.find("/ZMQbg/"); slash != std::string::npos) {
-    const std::string tag = name.substr(0, slash);
+    using control::detail::ContextTag;
+    static const std::map<std::string, ThreadKind, std::less<>> contexts = {
+        {std::to_string(static_cast<int>(ContextTag::control_client)), {"control client", false}},
+        {std::to_string(static_cast<int>(ContextTag::control_server)), {"control server", false}},
+        {std::to_string(static_cast<int>(ContextTag::event_inbox)), {"event subscription", false}},
+        {std::to_string(static_cast<int>(ContextTag::simulator_admit)), {"admit channel", true}}};
     const std::string what = name.substr(slash + 7) == "Reaper" ? "reaper" : "I/O";
-    if (tag == std::to_string(sim::kAdmitContextTag)) return {"ZeroMQ " + what + ": admit channel", true};
-    static const std::map<std::string, std::string, std::less<>> contexts = {
-        {"1", "control client"}, {"2", "control server"}, {"3", "event subscription"}};
-    if (auto it = contexts.find(tag); it != contexts.end()) return {"ZeroMQ " + what + ": " + it->second, false};
+    if (auto it = contexts.find(name.substr(0, slash)); it != contexts.end()) {
+      return {"ZeroMQ " + what + ": " + it->second.label, it->second.simulator};
+    }
   }
   return {name, false};
 }

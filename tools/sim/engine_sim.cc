@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "connector/scheduler/transfer_params_json.h"
+#include "control/zmq_util.h"
 #include "core/logging.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_params.h"
@@ -69,12 +70,6 @@ std::uint64_t thread_cpu_ns() {
   timespec t{};
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
-}
-
-zmq::context_t admit_context() {
-  zmq::context_t context{1};
-  (void)zmq_ctx_set(context.handle(), ZMQ_THREAD_NAME_PREFIX, kAdmitContextTag);  // a name only
-  return context;
 }
 
 // One engine thread per TP rank, as vLLM runs one worker process per rank: run(job)
@@ -315,9 +310,10 @@ double percentile(std::vector<double> samples, double pct) {
 struct ConsumerSim::State {
   ConsumerSimOptions options;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("sim");
-  zmq::context_t context = admit_context();
-  // ROUTER: producers (DEALER) send admit messages; each resolved request is answered
-  // to its sender ({"resolved": id}), so a producer can send one item at a time.
+  zmq::context_t context = control::detail::tagged_context(control::detail::ContextTag::simulator_admit);
+  // ROUTER: producers (DEALER) send admit messages; a resolved request whose message
+  // asked ("answer": true) is answered to its sender ({"resolved": id}), so a producer
+  // can send one item at a time.
   zmq::socket_t admit{context, zmq::socket_type::router};
   std::string admit_endpoint;
   std::unique_ptr<scheduler::SchedulerCoordinator> scheduler;
@@ -832,7 +828,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     (void)proxy_index->wait_confirmed(std::chrono::seconds(30));
   }
 
-  zmq::context_t context = admit_context();
+  zmq::context_t context = control::detail::tagged_context(control::detail::ContextTag::simulator_admit);
   zmq::socket_t admit{context, zmq::socket_type::dealer};
   admit.set(zmq::sockopt::linger, 5000);  // let the final "done" reach the consumer
   admit.set(zmq::sockopt::ipv6, 1);

@@ -50,10 +50,6 @@ struct Progress {
   double elapsed_s = 0;
 };
 
-// The ZeroMQ context tag of the simulated engines' admit channel: its I/O thread is
-// named "9/ZMQbg/IO/0" (ECX's own contexts use 1-3, src/control/zmq_util.h).
-inline constexpr int kAdmitContextTag = 9;
-
 struct ConsumerResult {
   Progress progress;
   std::uint64_t items_ready = 0;

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/engine_sim.h"
+#include "control/zmq_util.h"
 #include "sim/process.h"
 
 namespace ecx::sim {
@@ -39,7 +39,8 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
   std::filesystem::remove(file);
   ASSERT_TRUE(series.is_array()) << output;
   ASSERT_EQ(series.size(), 2U) << series.dump();
-  const std::string admit_io = std::to_string(kAdmitContextTag) + "/ZMQbg/IO/0";
+  const std::string admit_io =
+      std::to_string(static_cast<int>(control::detail::ContextTag::simulator_admit)) + "/ZMQbg/IO/0";
   for (const auto& row : series) {
     SCOPED_TRACE(row.dump());
     EXPECT_EQ(row.value("items_ready", 0), row.value("items", -1));
