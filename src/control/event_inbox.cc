@@ -1,5 +1,6 @@
 #include "ecx/control/event_inbox.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -127,34 +128,44 @@ std::size_t EventInbox::wait_and_drain(std::vector<wire::Event>& out, Duration m
   }
 }
 
-bool EventInbox::wait(Duration max_wait) {
+bool EventInbox::wait(Duration max_wait, std::span<const WakeSource> also) {
   State& s = *state_;
   const auto deadline = std::chrono::steady_clock::now() + max_wait;
   s.advance();
-  if (!s.pull && s.discovery) {
+  if (!s.pull && s.discovery && also.empty()) {
     std::unique_lock lock(s.discovery->mutex);
     s.discovery->finished.wait_until(lock, deadline, [&] { return s.discovery->result.has_value(); });
     lock.unlock();
     s.advance();
   }
-  if (!s.pull) return false;
-  if (s.remote_shards == 0) {
-    // Every shard is in this process: woken by the publish itself.
+  if (!s.pull && also.empty()) return false;
+  if (s.pull && s.remote_shards == 0 && also.empty()) {
+    // Every shard is in this process: woken by the publish itself, to the nanosecond.
     if (s.local) s.local->wait_until(deadline);
     return s.local && s.local->ready();
   }
-  // Network shards, perhaps local ones too: poll in slices short enough that a local
-  // event waits at most one of them.
-  const auto slice = std::chrono::milliseconds(s.local ? 1 : 1000);
+  // One poll over the network shards' socket, the in-process queue's eventfd (armed
+  // only while this thread polls) and the caller's sources.
+  const int local_fd = s.pull && s.local ? s.local->arm() : -1;
+  if (s.pull && s.local && local_fd < 0) return true;  // already queued
+  std::vector<zmq_pollitem_t> items;
+  items.reserve(also.size() + 2);
+  if (s.pull && s.remote_shards > 0) items.push_back({s.pull->handle(), 0, ZMQ_POLLIN, 0});
+  if (local_fd >= 0) items.push_back({nullptr, local_fd, ZMQ_POLLIN, 0});
+  for (const WakeSource& source : also) items.push_back({source.zmq_socket, source.fd, ZMQ_POLLIN, 0});
+  bool woken = false;
   for (;;) {
-    if (s.local && s.local->ready()) return true;
-    std::vector<zmq_pollitem_t> items = {{s.pull->handle(), 0, ZMQ_POLLIN, 0}};
     const auto left = std::max<Duration>(Duration::zero(), deadline - std::chrono::steady_clock::now());
-    const auto timeout = std::chrono::ceil<std::chrono::milliseconds>(std::min<Duration>(left, slice));
-    if (detail::poll(items, static_cast<long>(timeout.count())) > 0 && (items[0].revents & ZMQ_POLLIN) != 0)
-      return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
+    const auto timeout = std::chrono::ceil<std::chrono::milliseconds>(left);
+    if (detail::poll(items, static_cast<long>(timeout.count())) > 0) {
+      woken = std::any_of(items.begin(), items.end(),
+                          [](const zmq_pollitem_t& i) { return (i.revents & ZMQ_POLLIN) != 0; });
+      if (woken) break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
   }
+  if (local_fd >= 0) s.local->disarm();
+  return woken;
 }
 
 void EventInbox::State::advance() {
@@ -209,7 +220,7 @@ void EventInbox::State::install(const Topology& topology) {
     }
     if (local_instances.empty()) local.reset();
     pull.emplace(std::move(socket));
-  } catch (const zmq::error_t& e) {
+  } catch (const std::exception& e) {  // zmq::error_t, or std::system_error from the local queue's eventfd
     leave_local();
     remote_shards = 0;
     discoveries_failed.add();

@@ -1,11 +1,20 @@
 #include "control/local_events.h"
 
+#include <poll.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <system_error>
 
 namespace ecx::control::detail {
 
+LocalEventQueue::LocalEventQueue(std::size_t max_events) : max_events_(max_events == 0 ? 1 : max_events) {
+  if (!wakeup_.valid()) throw std::system_error(errno, std::generic_category(), "eventfd for in-process events");
+}
+
 std::optional<std::string> LocalEventQueue::push(wire::Event event) {
   std::optional<std::string> dropped;
+  bool wake = false;
   {
     std::lock_guard lock(mutex_);
     if (events_.size() >= max_events_) {
@@ -13,8 +22,9 @@ std::optional<std::string> LocalEventQueue::push(wire::Event event) {
       events_.pop_front();
     }
     events_.push_back(std::move(event));
+    wake = armed_;
   }
-  arrived_.notify_one();
+  if (wake) wakeup_.notify();
   return dropped;
 }
 
@@ -30,21 +40,47 @@ std::size_t LocalEventQueue::take(std::vector<wire::Event>& out, std::size_t max
 
 bool LocalEventQueue::ready() {
   std::lock_guard lock(mutex_);
-  return !events_.empty() || publisher_left_.load(std::memory_order_acquire);
+  return ready_locked();
+}
+
+int LocalEventQueue::arm() {
+  std::lock_guard lock(mutex_);
+  if (ready_locked()) return -1;
+  armed_ = true;  // a push from now on writes the eventfd
+  return wakeup_.fd();
+}
+
+void LocalEventQueue::disarm() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    armed_ = false;
+  }
+  // A notify that raced this stays readable until the next disarm: one early wake.
+  wakeup_.clear();
 }
 
 void LocalEventQueue::wait_until(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock lock(mutex_);
-  (void)arrived_.wait_until(lock, deadline,
-                            [&] { return !events_.empty() || publisher_left_.load(std::memory_order_acquire); });
+  const int fd = arm();
+  if (fd < 0) return;
+  pollfd item{fd, POLLIN, 0};
+  for (;;) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) break;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    const timespec timeout{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    if (::ppoll(&item, 1, &timeout, nullptr) >= 0 || errno != EINTR) break;
+  }
+  disarm();
 }
 
 void LocalEventQueue::publisher_left() noexcept {
+  bool wake = false;
   {
     std::lock_guard lock(mutex_);  // so that a waiter cannot miss the flag
     publisher_left_.store(true, std::memory_order_release);
+    wake = armed_;
   }
-  arrived_.notify_all();
+  if (wake) wakeup_.notify();
 }
 
 LocalEventRegistry& LocalEventRegistry::instance() {

@@ -10,7 +10,6 @@
 // wildcard bind), and a restarted server is a new instance the inbox must discover.
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -20,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "control/zmq_util.h"
 #include "ecx/core/clock.h"
 #include "ecx/wire/messages.h"
 
@@ -27,17 +27,25 @@ namespace ecx::control::detail {
 
 // One inbox's in-process mailbox, shared by every local shard it listens to.
 // Bounded: when full, the oldest event is dropped (as the server's own queue does).
+// Its one waiter (the inbox's thread) polls an eventfd, so that it can wait for
+// these events, a network socket and the caller's own sources in one poll; a push
+// writes the eventfd only while that thread is waiting (no syscall per event).
 class LocalEventQueue {
  public:
-  explicit LocalEventQueue(std::size_t max_events) : max_events_(max_events == 0 ? 1 : max_events) {}
+  // Throws std::system_error when no eventfd can be made.
+  explicit LocalEventQueue(std::size_t max_events);
 
   // Any thread. Returns the transfer id of the event dropped to make room, if one was.
   std::optional<std::string> push(wire::Event event);
   // Moves up to `max` events into `out`; returns how many.
   std::size_t take(std::vector<wire::Event>& out, std::size_t max);
-  // An event is queued or a publisher left (what wait_until waits for).
+  // An event is queued or a publisher left (what a waiter waits for).
   bool ready();
-  // Waits until an event is queued, a publisher left, or `deadline` passes.
+  // The waiting thread, before it polls: -1 when ready() already holds (no need to
+  // wait); else the fd to poll, readable once the queue becomes ready, until disarm().
+  int arm();
+  void disarm() noexcept;
+  // arm(), poll until ready or `deadline`, disarm().
   void wait_until(std::chrono::steady_clock::time_point deadline);
 
   // A server this queue listened to stopped: its successor is a new instance,
@@ -46,10 +54,12 @@ class LocalEventQueue {
   bool take_publisher_left() noexcept { return publisher_left_.exchange(false, std::memory_order_acq_rel); }
 
  private:
+  bool ready_locked() const noexcept { return !events_.empty() || publisher_left_.load(std::memory_order_acquire); }
   const std::size_t max_events_;
+  Wakeup wakeup_;
   std::mutex mutex_;
-  std::condition_variable arrived_;
   std::deque<wire::Event> events_;  // guarded by mutex_
+  bool armed_ = false;              // guarded by mutex_: the waiter polls wakeup_
   std::atomic<bool> publisher_left_{false};
 };
 

@@ -13,12 +13,14 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ecx/control/client.h"
 #include "ecx/core/clock.h"
 #include "ecx/core/status.h"
+#include "ecx/core/wake_source.h"
 #include "ecx/wire/messages.h"
 
 namespace ecx::control {
@@ -62,9 +64,10 @@ class EventInbox {
   // event. For threads that may block (tools, tests); never the scheduler's step.
   std::size_t wait_and_drain(std::vector<wire::Event>& out, Duration max_wait);
   // Waits up to `max_wait` until drain() would return something (an event, or a
-  // subscription change it must act on) without taking it; true when it may. Same
-  // thread and rules as wait_and_drain().
-  bool wait(Duration max_wait);
+  // subscription change it must act on) without taking it, or one of `also` polls
+  // readable; true when either may. One poll covers the shards in this process, the
+  // network ones and `also`. Same thread and rules as wait_and_drain().
+  bool wait(Duration max_wait, std::span<const WakeSource> also = {});
 
   bool subscribed() const noexcept;
   std::size_t shard_count() const noexcept;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,7 +61,9 @@ class ConsumerChannel {
   // (cancelling what expired). Skipped unless re-armed or drain_min_interval passed.
   void drain(TimePoint now);
   // See SchedulerCoordinator::wait_for_events().
-  bool wait_for_events(Duration max_wait) const { return events_ && !closed_ && events_->wait(max_wait); }
+  bool wait_for_events(Duration max_wait, std::span<const WakeSource> also) const {
+    return events_ && !closed_ && events_->wait(max_wait, also);
+  }
   SubscriptionCounters subscription_counters() const {
     return events_ ? events_->subscription_counters() : SubscriptionCounters{};
   }

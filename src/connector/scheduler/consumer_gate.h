@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -69,7 +70,9 @@ class ConsumerGate {
   // Asynchronous loads the gate started that the workers have not reported yet.
   bool loads_in_flight() const noexcept;
   void close() { channel_.close(); }
-  bool wait_for_events(Duration max_wait) const { return channel_.wait_for_events(max_wait); }
+  bool wait_for_events(Duration max_wait, std::span<const WakeSource> also) const {
+    return channel_.wait_for_events(max_wait, also);
+  }
 
   bool closed() const noexcept { return channel_.closed(); }
   const TransferTable& table() const noexcept { return table_; }

@@ -125,7 +125,9 @@ std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) 
   });
 }
 
-bool SchedulerCoordinator::wait_for_events(Duration max_wait) const { return gate_->wait_for_events(max_wait); }
+bool SchedulerCoordinator::wait_for_events(Duration max_wait, std::span<const WakeSource> also) const {
+  return gate_->wait_for_events(max_wait, also);
+}
 
 bool SchedulerCoordinator::has_pending_push_work() const noexcept {
   if (gate_->closed()) return false;

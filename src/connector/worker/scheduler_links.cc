@@ -65,9 +65,9 @@ class InboxEventSource final : public scheduler::EventSource {
     }
     return appended;
   }
-  bool wait(Duration max_wait) override {
+  bool wait(Duration max_wait, std::span<const WakeSource> also) override {
     if (next_ < buffer_.size()) return true;
-    return inbox_ && inbox_->wait(max_wait);
+    return inbox_ && inbox_->wait(max_wait, also);
   }
   int shard_count() const override { return inbox_ ? static_cast<int>(inbox_->shard_count()) : 0; }
   void close() override {

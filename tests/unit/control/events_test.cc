@@ -1,4 +1,7 @@
+#include <unistd.h>
+
 #include <chrono>
+#include <span>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -185,6 +188,79 @@ TEST(ControlEvents, WaitReportsAnArrivedEventWithoutTakingIt) {
     EXPECT_EQ(out[0].transfer_id, "t-waited");
     EXPECT_EQ(inbox->counters().received_in_process, in_process ? 1u : 0u);
   }
+}
+
+// An engine loop waits for transfer events and for its own requests in one call:
+// wait(max, also) returns true when a caller's source polls readable (a ZeroMQ
+// socket or a plain fd) as well as for an event, whether the shard is in this
+// process or not, and before the subscription exists.
+TEST(ControlEvents, WaitAlsoWakesForTheCallersOwnSources) {
+  for (const bool in_process : {true, false}) {
+    auto handler = std::make_shared<TestHandler>();
+    auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
+    auto client = testing::must(ControlClient::create(ClientOptions{}));
+    auto inbox = make_inbox(*client, local(server->port()), "", in_process);
+    std::vector<wire::Event> out;
+    ASSERT_TRUE(wait_subscribed(*inbox, out));
+    zmq::context_t context;
+    zmq::socket_t requests(context, zmq::socket_type::pull);
+    requests.bind("inproc://requests");
+    zmq::socket_t sender(context, zmq::socket_type::push);
+    sender.connect("inproc://requests");
+    int pipe_fds[2] = {-1, -1};
+    ASSERT_EQ(::pipe(pipe_fds), 0);
+    const WakeSource sources[] = {WakeSource{requests.handle()}, WakeSource{nullptr, pipe_fds[0]}};
+    const std::span<const WakeSource> also(sources);
+    EXPECT_FALSE(inbox->wait(1ms, also)) << "nothing published, nothing sent; in_process=" << in_process;
+
+    // The caller's socket: a wake with no event behind it. (Each bounded wait below
+    // returns true only for what it waits for; at its 10 s deadline it says false.)
+    std::thread request([&] { sender.send(zmq::str_buffer("request"), zmq::send_flags::none); });
+    EXPECT_TRUE(inbox->wait(10s, also)) << "in_process=" << in_process;
+    request.join();
+    EXPECT_EQ(inbox->drain(out), 0u);
+    zmq::message_t taken;
+    ASSERT_TRUE(requests.recv(taken, zmq::recv_flags::dontwait));
+
+    // A plain fd.
+    std::thread writer([&] { EXPECT_EQ(::write(pipe_fds[1], "x", 1), 1); });
+    EXPECT_TRUE(inbox->wait(10s, also)) << "in_process=" << in_process;
+    writer.join();
+    char byte = 0;
+    ASSERT_EQ(::read(pipe_fds[0], &byte, 1), 1);
+
+    // An event, with the caller's sources quiet.
+    std::thread publisher([&] { EXPECT_TRUE(server->publish(ready_event("t-also")).is_ok()); });
+    bool arrived = false;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!arrived && std::chrono::steady_clock::now() < deadline) arrived = inbox->wait(10s, also);
+    publisher.join();
+    ASSERT_TRUE(arrived) << "in_process=" << in_process;
+    ASSERT_EQ(inbox->drain(out), 1u);
+    EXPECT_EQ(out[0].transfer_id, "t-also");
+    EXPECT_FALSE(inbox->wait(1ms, also)) << "everything taken; in_process=" << in_process;
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+  }
+  // No subscription yet (nothing listens there): the caller's own source still wakes it.
+  std::string nobody;
+  {
+    zmq::context_t ctx;
+    zmq::socket_t probe(ctx, zmq::socket_type::router);
+    probe.set(zmq::sockopt::linger, 0);
+    probe.bind("tcp://127.0.0.1:*");
+    nobody = probe.get(zmq::sockopt::last_endpoint);
+  }
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  auto inbox = make_inbox(*client, nobody);
+  int pipe_fds[2] = {-1, -1};
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ASSERT_EQ(::write(pipe_fds[1], "x", 1), 1);
+  const WakeSource readable{nullptr, pipe_fds[0]};
+  EXPECT_TRUE(inbox->wait(10s, std::span(&readable, 1)));
+  EXPECT_FALSE(inbox->subscribed());
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
 }
 
 TEST(ControlEvents, AShardOfThisProcessThatRestartsIsFoundAgain) {

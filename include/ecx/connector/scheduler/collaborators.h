@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "ecx/core/ids.h"
 #include "ecx/core/status.h"
 #include "ecx/core/tensor_spec.h"
+#include "ecx/core/wake_source.h"
 
 namespace ecx::scheduler {
 
@@ -52,10 +54,11 @@ class EventSource {
   // how many it appended. Subscription and topology discovery happen elsewhere
   // (no events until they are done).
   virtual std::size_t drain(std::vector<TransferEvent>& out, std::size_t max_events) = 0;
-  // Blocks up to `max_wait` until drain() would have something; true when it may.
-  // For an engine loop that has nothing to do until a transfer lands (a simulator,
-  // a tool), never for a step. A source that cannot wait answers false at once.
-  virtual bool wait(Duration /*max_wait*/) { return false; }
+  // Blocks up to `max_wait` until drain() would have something or one of `also`
+  // polls readable; true when either may. For an engine loop that has nothing to do
+  // until a transfer lands or a request comes (a simulator, a tool), never for a
+  // step. A source that cannot wait answers false at once.
+  virtual bool wait(Duration /*max_wait*/, std::span<const WakeSource> /*also*/) { return false; }
   // Consumer shards whose events this source delivers; 0 while not subscribed.
   // A transfer is loadable only when this many distinct shards reported it.
   virtual int shard_count() const = 0;

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -171,9 +172,10 @@ class SchedulerCoordinator {
   // shared store (loaded by the workers, see ConnectorMeta::store_loads).
   void set_store_presence(std::shared_ptr<StorePresence> store);
   // Consumer: blocks up to `max_wait` until a transfer event has arrived (the next
-  // step would take it). For engine loops that would otherwise sleep between steps
-  // while requests wait for their transfers; never call it inside a step.
-  bool wait_for_events(Duration max_wait) const;
+  // step would take it) or one of `also` polls readable (the engine's own request
+  // socket, say); true when either may. For engine loops that would otherwise sleep
+  // between steps while requests wait for their transfers; never call it inside a step.
+  bool wait_for_events(Duration max_wait, std::span<const WakeSource> also = {}) const;
   // Drops queued cancels, closes the control collaborator (calls in flight end at
   // once as cancelled), joins the executor, then closes the event source. Bounded by
   // the executor's threads noticing the closed client, not by control deadlines.

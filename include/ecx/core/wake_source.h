@@ -1,0 +1,14 @@
+#pragma once
+// Something else a thread that waits for ECX's events also wakes for, in the form
+// zmq_poll takes: a ZeroMQ socket's handle, or a file descriptor that polls readable
+// when there is work. An engine loop that waits for transfers and for new requests
+// at once passes its request socket, so that neither waits out the other's timeout.
+
+namespace ecx {
+
+struct WakeSource {
+  void* zmq_socket = nullptr;  // a libzmq socket handle (zmq::socket_t::handle()), or
+  int fd = -1;                 // when zmq_socket is null: a pollable file descriptor
+};
+
+}  // namespace ecx
