@@ -216,14 +216,7 @@ TEST(ControlDeadlines, LostReplyTimesOutAndTheSocketStaysUsable) {
 
 TEST(ControlDeadlines, NobodyListeningIsATimeout) {
   // Reserve a port, then close it so nothing listens there.
-  std::string address;
-  {
-    zmq::context_t ctx;
-    zmq::socket_t probe(ctx, zmq::socket_type::router);
-    probe.set(zmq::sockopt::linger, 0);
-    probe.bind("tcp://127.0.0.1:*");
-    address = probe.get(zmq::sockopt::last_endpoint);
-  }
+  const std::string address = testing::closed_address();
   auto client = testing::must(ControlClient::create(ClientOptions{}));
   auto result = client->hello(address, 100ms);
   EXPECT_EQ(result.status().code(), StatusCode::timeout);
@@ -298,6 +291,7 @@ TEST_F(ControlRoundTrip, ManyBlockingCallersShareFewLanesAndEachGetsItsOwnReply)
   constexpr int kCalls = 100;
   std::atomic<int> matched{0};
   std::vector<std::thread> callers;
+  callers.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     callers.emplace_back([&, t] {
       for (int i = 0; i < kCalls; ++i) {

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <zmq.hpp>
+
 #include "ecx/control/handler.h"
 #include "ecx/control/server.h"
 #include "ecx/core/dtype.h"
@@ -114,6 +116,15 @@ inline wire::ReserveItem item(std::string transfer_id) {
 }
 
 inline std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+// A tcp:// address on loopback that nothing listens on: a port bound, then closed.
+inline std::string closed_address() {
+  zmq::context_t context;
+  zmq::socket_t probe(context, zmq::socket_type::router);
+  probe.set(zmq::sockopt::linger, 0);
+  probe.bind("tcp://127.0.0.1:*");
+  return probe.get(zmq::sockopt::last_endpoint);
+}
 
 // Starts `count` shards on consecutive ports (retrying other bases if taken).
 inline std::vector<std::unique_ptr<ControlServer>> start_shards(std::uint32_t count,

@@ -60,6 +60,29 @@ std::unique_ptr<EventInbox> make_inbox(ControlClient& client, const std::string&
   return testing::must(EventInbox::create(client, o));
 }
 
+// One shard's control server, a client, and an inbox on that shard's events.
+struct Subscribed {
+  explicit Subscribed(bool in_process)
+      : server(testing::must(ControlServer::start(ServerOptions{}, std::make_shared<TestHandler>()))),
+        client(testing::must(ControlClient::create(ClientOptions{}))),
+        inbox(make_inbox(*client, local(server->port()), "", in_process)) {}
+  bool subscribe() { return wait_subscribed(*inbox, out); }
+  // Publishes one event from another thread; true once inbox->wait(.., also) said it
+  // came (bounded: 10 s only stops a broken build from hanging).
+  bool publish_and_wait(const std::string& transfer_id, std::span<const WakeSource> also = {}) {
+    std::thread publisher([&] { EXPECT_TRUE(server->publish(ready_event(transfer_id)).is_ok()); });
+    bool arrived = false;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!arrived && std::chrono::steady_clock::now() < deadline) arrived = inbox->wait(100ms, also);
+    publisher.join();
+    return arrived;
+  }
+  std::unique_ptr<ControlServer> server;
+  std::unique_ptr<ControlClient> client;
+  std::unique_ptr<EventInbox> inbox;
+  std::vector<wire::Event> out;
+};
+
 TEST(ControlEvents, ReadinessFromEveryShardReachesTheInbox) {
   auto handler = std::make_shared<TestHandler>();
   auto shards = testing::start_shards(2, handler);
@@ -169,20 +192,12 @@ TEST(ControlEvents, AWaitingInboxWakesForAnInProcessEvent) {
 // hands it on. With nothing published it returns false at its deadline.
 TEST(ControlEvents, WaitReportsAnArrivedEventWithoutTakingIt) {
   for (const bool in_process : {true, false}) {
-    auto handler = std::make_shared<TestHandler>();
-    auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
-    auto client = testing::must(ControlClient::create(ClientOptions{}));
-    auto inbox = make_inbox(*client, local(server->port()), "", in_process);
-    std::vector<wire::Event> out;
-    ASSERT_TRUE(wait_subscribed(*inbox, out));
+    Subscribed s(in_process);
+    auto& inbox = s.inbox;
+    auto& out = s.out;
+    ASSERT_TRUE(s.subscribe());
     EXPECT_FALSE(inbox->wait(1ms)) << "nothing published; in_process=" << in_process;
-    std::thread publisher([&] { EXPECT_TRUE(server->publish(ready_event("t-waited")).is_ok()); });
-    bool arrived = false;
-    // Bounded: 10 s only stops a broken build from hanging.
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (!arrived && std::chrono::steady_clock::now() < deadline) arrived = inbox->wait(100ms);
-    publisher.join();
-    ASSERT_TRUE(arrived) << "in_process=" << in_process;
+    ASSERT_TRUE(s.publish_and_wait("t-waited")) << "in_process=" << in_process;
     EXPECT_TRUE(inbox->wait(0ms)) << "the event is still there until drained";
     ASSERT_EQ(inbox->drain(out), 1u);
     EXPECT_EQ(out[0].transfer_id, "t-waited");
@@ -196,12 +211,10 @@ TEST(ControlEvents, WaitReportsAnArrivedEventWithoutTakingIt) {
 // process or not, and before the subscription exists.
 TEST(ControlEvents, WaitAlsoWakesForTheCallersOwnSources) {
   for (const bool in_process : {true, false}) {
-    auto handler = std::make_shared<TestHandler>();
-    auto server = testing::must(ControlServer::start(ServerOptions{}, handler));
-    auto client = testing::must(ControlClient::create(ClientOptions{}));
-    auto inbox = make_inbox(*client, local(server->port()), "", in_process);
-    std::vector<wire::Event> out;
-    ASSERT_TRUE(wait_subscribed(*inbox, out));
+    Subscribed s(in_process);
+    auto& inbox = s.inbox;
+    auto& out = s.out;
+    ASSERT_TRUE(s.subscribe());
     zmq::context_t context;
     zmq::socket_t requests(context, zmq::socket_type::pull);
     requests.bind("inproc://requests");
@@ -230,12 +243,7 @@ TEST(ControlEvents, WaitAlsoWakesForTheCallersOwnSources) {
     ASSERT_EQ(::read(pipe_fds[0], &byte, 1), 1);
 
     // An event, with the caller's sources quiet.
-    std::thread publisher([&] { EXPECT_TRUE(server->publish(ready_event("t-also")).is_ok()); });
-    bool arrived = false;
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (!arrived && std::chrono::steady_clock::now() < deadline) arrived = inbox->wait(10s, also);
-    publisher.join();
-    ASSERT_TRUE(arrived) << "in_process=" << in_process;
+    ASSERT_TRUE(s.publish_and_wait("t-also", also)) << "in_process=" << in_process;
     ASSERT_EQ(inbox->drain(out), 1u);
     EXPECT_EQ(out[0].transfer_id, "t-also");
     EXPECT_FALSE(inbox->wait(1ms, also)) << "everything taken; in_process=" << in_process;
@@ -243,14 +251,7 @@ TEST(ControlEvents, WaitAlsoWakesForTheCallersOwnSources) {
     ::close(pipe_fds[1]);
   }
   // No subscription yet (nothing listens there): the caller's own source still wakes it.
-  std::string nobody;
-  {
-    zmq::context_t ctx;
-    zmq::socket_t probe(ctx, zmq::socket_type::router);
-    probe.set(zmq::sockopt::linger, 0);
-    probe.bind("tcp://127.0.0.1:*");
-    nobody = probe.get(zmq::sockopt::last_endpoint);
-  }
+  const std::string nobody = testing::closed_address();
   auto client = testing::must(ControlClient::create(ClientOptions{}));
   auto inbox = make_inbox(*client, nobody);
   int pipe_fds[2] = {-1, -1};
@@ -320,14 +321,7 @@ TEST(ControlEvents, AFullQueueDropsTheOldestAndCountsThem) {
 }
 
 TEST(ControlEvents, UndiscoverableConsumerLeavesTheInboxEmptyAndRetriesLater) {
-  std::string address;
-  {
-    zmq::context_t ctx;
-    zmq::socket_t probe(ctx, zmq::socket_type::router);
-    probe.set(zmq::sockopt::linger, 0);
-    probe.bind("tcp://127.0.0.1:*");
-    address = probe.get(zmq::sockopt::last_endpoint);
-  }
+  const std::string address = testing::closed_address();
   auto clock = std::make_shared<ManualClock>();
   auto client = testing::must(ControlClient::create(ClientOptions{}));
   InboxOptions o;
