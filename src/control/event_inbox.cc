@@ -152,19 +152,32 @@ bool EventInbox::wait(Duration max_wait, std::span<const WakeSource> also) {
   items.reserve(also.size() + 2);
   if (s.pull && s.remote_shards > 0) items.push_back({s.pull->handle(), 0, ZMQ_POLLIN, 0});
   if (local_fd >= 0) items.push_back({nullptr, local_fd, ZMQ_POLLIN, 0});
-  for (const WakeSource& source : also) items.push_back({source.zmq_socket, source.fd, ZMQ_POLLIN, 0});
+  for (const WakeSource& source : also) {
+    if (source.zmq_socket != nullptr || source.fd >= 0) items.push_back({source.zmq_socket, source.fd, ZMQ_POLLIN, 0});
+  }
+  const auto has = [&items](short event) {
+    return std::any_of(items.begin(), items.end(),
+                       [event](const zmq_pollitem_t& i) { return (i.revents & event) != 0; });
+  };
   bool woken = false;
+  int failure = 0;  // errno of a failed poll, or -1: a source in error (a closed fd, say)
   for (;;) {
     const auto left = std::max<Duration>(Duration::zero(), deadline - std::chrono::steady_clock::now());
     const auto timeout = std::chrono::ceil<std::chrono::milliseconds>(left);
-    if (detail::poll(items, static_cast<long>(timeout.count())) > 0) {
-      woken = std::any_of(items.begin(), items.end(),
-                          [](const zmq_pollitem_t& i) { return (i.revents & ZMQ_POLLIN) != 0; });
-      if (woken) break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) break;
+    const int ready = detail::poll(items, static_cast<long>(timeout.count()));
+    if (ready < 0) failure = zmq_errno();  // a caller's handle that is no socket, say
+    woken = ready > 0 && has(ZMQ_POLLIN);
+    if (!woken && ready > 0 && has(ZMQ_POLLERR)) failure = -1;
+    if (woken || failure != 0 || std::chrono::steady_clock::now() >= deadline) break;
   }
   if (local_fd >= 0) s.local->disarm();
+  if (failure != 0 && !also.empty()) {
+    // Polling again would return at once: wait for the events alone, not spin the
+    // caller's loop until its deadline.
+    s.log->debug("cannot wait on the caller's sources ({}); waiting for events alone",
+                 failure > 0 ? zmq_strerror(failure) : "a source in error");
+    return wait(std::max<Duration>(Duration::zero(), deadline - std::chrono::steady_clock::now()), {});
+  }
   return woken;
 }
 

@@ -3,6 +3,8 @@
 // zmq_poll takes: a ZeroMQ socket's handle, or a file descriptor that polls readable
 // when there is work. An engine loop that waits for transfers and for new requests
 // at once passes its request socket, so that neither waits out the other's timeout.
+// A source with neither is ignored; one that cannot be polled (a closed fd, a handle
+// that is no socket) is dropped from that wait, which then waits for events alone.
 
 namespace ecx {
 

@@ -1,6 +1,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
+#include <limits>
 #include <span>
 #include <thread>
 
@@ -262,6 +264,29 @@ TEST(ControlEvents, WaitAlsoWakesForTheCallersOwnSources) {
   EXPECT_FALSE(inbox->subscribed());
   ::close(pipe_fds[0]);
   ::close(pipe_fds[1]);
+}
+
+// A caller's source that cannot be polled (an fd that is not open) is dropped from
+// the wait: an event still wakes it, and the wait does not spin a core until its
+// deadline (polling such an fd returns at once, every time).
+TEST(ControlEvents, ACallersSourceInErrorIsDroppedFromTheWait) {
+  const auto thread_cpu = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+  };
+  for (const bool in_process : {true, false}) {
+    Subscribed s(in_process);
+    ASSERT_TRUE(s.subscribe());
+    const WakeSource not_open{nullptr, std::numeric_limits<int>::max()};
+    const std::span<const WakeSource> also(&not_open, 1);
+    const auto cpu_before = thread_cpu();
+    EXPECT_FALSE(s.inbox->wait(300ms, also)) << "in_process=" << in_process;
+    EXPECT_LT(thread_cpu() - cpu_before, 100ms) << "the wait spun; in_process=" << in_process;
+    ASSERT_TRUE(s.publish_and_wait("t-despite", also)) << "in_process=" << in_process;
+    ASSERT_EQ(s.inbox->drain(s.out), 1u);
+    EXPECT_EQ(s.out[0].transfer_id, "t-despite");
+  }
 }
 
 TEST(ControlEvents, AShardOfThisProcessThatRestartsIsFoundAgain) {
