@@ -247,17 +247,21 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
     for (const auto& [process, cpu_key, sim_key] :
          {std::tuple{"consumer", "cpu_us_per_item", "sim_us_per_item"},
           std::tuple{"producer", "producer_cpu_us_per_item", "producer_sim_us_per_item"}}) {
+      // The engine threads (every TP rank's) together: the simulator's own part is
+      // measured for all of them at once.
+      double engine_us = 0;
       for (const auto& [name, value] : e2e[cpu_key].items()) {
         const double us = value.get<double>();
-        if (name == "ecx") {
-          const double sim_us = std::min(us, e2e.value(sim_key, 0.0));
-          row(process, "engine threads: ECX's calls", us - sim_us, false);
-          row(process, "engine threads: simulator", sim_us, true);
+        if (sim::is_engine_thread(name)) {
+          engine_us += us;
           continue;
         }
         const auto kind = thread_kind(name);
         row(process, kind.label, us, kind.simulator);
       }
+      const double sim_us = std::min(engine_us, e2e.value(sim_key, 0.0));
+      row(process, "engine threads: ECX's calls", engine_us - sim_us, false);
+      row(process, "engine threads: simulator", sim_us, true);
     }
     const double all = ecx + simulator;
     table.print_row(std::cout, {size, phase, "both", "ECX", fmt::format("{:.1f}", ecx)});

@@ -86,7 +86,7 @@ class RankThreads {
   explicit RankThreads(std::size_t ranks) {
     for (std::size_t rank = 1; rank < ranks; ++rank)
       threads_.emplace_back([this, rank] {
-        name_this_thread(fmt::format("ecx-sim-rank{}", rank));
+        name_this_thread(fmt::format("{}-r{}", kEngineThreadName, rank));
         loop(rank);
       });
   }
@@ -726,6 +726,7 @@ std::string ConsumerSim::control_address() const { return state_->options.config
 
 ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   auto& s = *state_;
+  name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
   auto cpu_before = ThreadCpu::now();
   const auto started = s.options.clock->now();
   s.run_started = started;
@@ -871,6 +872,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   // zero_copy_saves: the encoder writes its outputs into memory it lends to ECX.
   std::shared_ptr<LentOutputs> lent_outputs;
   if (o.config.zero_copy_saves) lent_outputs = std::make_shared<LentOutputs>(o.config.buffer_size, o.config.prefault);
+  name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
   const auto cpu_before = ThreadCpu::now();
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ecx/connector/worker/worker_coordinator.h"
@@ -31,6 +32,15 @@
 #include "sim/workload.h"
 
 namespace ecx::sim {
+
+// The simulated engines' threads: the one that runs a simulator (ConsumerSim::run,
+// run_producer) takes this name, its other TP ranks' threads this name and "-r<rank>".
+// The CPU table of `ecx bench e2e` finds them by it, whatever the executable is called.
+inline constexpr std::string_view kEngineThreadName = "ecx-engine";
+inline bool is_engine_thread(std::string_view name) {
+  return name == kEngineThreadName ||
+         (name.starts_with(kEngineThreadName) && name.substr(kEngineThreadName.size()).starts_with("-r"));
+}
 
 struct Progress {
   std::uint64_t requests_total = 0;  // expected (0 = unknown yet)
@@ -87,7 +97,8 @@ struct ConsumerResult {
   // it measures.
   std::uint64_t sim_engine_ns = 0;
   // CPU time of this process's threads during run(), by thread name (sim/thread_cpu.h):
-  // the engine threads (named "ecx"), ECX's own, and the admit channel's I/O thread.
+  // the engine threads (kEngineThreadName, its ranks' "-r<rank>"), ECX's own, and the
+  // admit channel's I/O thread.
   std::map<std::string, std::uint64_t> thread_cpu_ns;
   bool producer_done = false;
   double wall_s = 0;

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sim/engine_sim.h"
 #include "sim/thread_cpu.h"
 
 namespace ecx::sim {
@@ -90,6 +91,14 @@ TEST(ThreadCpu, AThreadStartedSinceTheSnapshotCountsWhole) {
   late.join();
   ASSERT_EQ(used.count("tcpu-new"), 1U);
   EXPECT_GE(used.at("tcpu-new"), 30'000'000U);
+}
+
+// The CPU table adds up every TP rank's engine thread by these names, and nothing else.
+TEST(ThreadCpu, EngineThreadsAreKnownByName) {
+  for (const char* name : {"ecx-engine", "ecx-engine-r1", "ecx-engine-r7"}) EXPECT_TRUE(is_engine_thread(name)) << name;
+  for (const char* name : {"ecx", "ecx-ucx", "ecx-engineer", "ecx-engine-x", "engine"}) {
+    EXPECT_FALSE(is_engine_thread(name)) << name;
+  }
 }
 
 }  // namespace
