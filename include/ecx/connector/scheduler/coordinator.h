@@ -175,6 +175,8 @@ class SchedulerCoordinator {
   // step would take it) or one of `also` polls readable (the engine's own request
   // socket, say); true when either may. For engine loops that would otherwise sleep
   // between steps while requests wait for their transfers; never call it inside a step.
+  // A scheduler with no event subscription (not a consumer, or closed) returns false
+  // at once, without waiting on `also` either.
   bool wait_for_events(Duration max_wait, std::span<const WakeSource> also = {}) const;
   // Drops queued cancels, closes the control collaborator (calls in flight end at
   // once as cancelled), joins the executor, then closes the event source. Bounded by
