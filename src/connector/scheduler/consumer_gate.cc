@@ -91,7 +91,7 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
     if (local_cache_.contains(mm_hash)) continue;
     if (const TransferRecord* ready = table_.oldest_in_state(mm_hash, TransferState::ready)) {
       // Another request's load serves this one too; its own transfer is owed to that request.
-      if (transfer_id) note_borrow(*ready, *transfer_id, now);
+      if (transfer_id) note_borrow(*ready, *transfer_id, request.request_id, now);
       count_on_copy(request.request_id, mm_hash);
       continue;
     }
@@ -108,7 +108,7 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
     }
     if (const TransferRecord* used =
             table_.begin_load(mm_hash, transfer_id, request.request_id, now, now + options_.push_wait_timeout)) {
-      if (transfer_id) note_borrow(*used, *transfer_id, now);
+      if (transfer_id) note_borrow(*used, *transfer_id, request.request_id, now);
       gate_loads_.insert(mm_hash);
       count_on_copy(request.request_id, mm_hash);
       all_ready = false;
@@ -215,7 +215,7 @@ void ConsumerGate::load_at_alloc(const RequestView& request, std::size_t index) 
   const auto transfer_id = resolve_transfer_id(params, index, feature.identifier);
   if (const TransferRecord* used = table_.begin_load(feature.identifier, transfer_id, request.request_id, now,
                                                      now + options_.push_wait_timeout)) {
-    if (transfer_id) note_borrow(*used, *transfer_id, now);
+    if (transfer_id) note_borrow(*used, *transfer_id, request.request_id, now);
     ++stats_.alloc_loads;
     return;
   }
@@ -246,6 +246,7 @@ void ConsumerGate::after_free(const RequestView& request, std::size_t index) {
 
 void ConsumerGate::release_own_transfer(const std::string& transfer_id, TimePoint now, std::string_view mm_hash,
                                         std::string_view request_id) {
+  stop_waiting(transfer_id, request_id);  // its entry was freed, or it finished: it waits for nothing
   released_own_.insert(transfer_id, options_.max_notified_remembered);
   // A transfer can be both: owed to the request whose delivery this one used (kept
   // until both are done), and the lender of its own substitute (owed to this request).
@@ -362,7 +363,18 @@ void ConsumerGate::finish(const RequestView& request) {
 
 // ---------------------------------------------------------------- copies and substitutes
 
-void ConsumerGate::note_borrow(const TransferRecord& used, std::string_view own_transfer_id, TimePoint now) {
+void ConsumerGate::stop_waiting(std::string_view own_transfer_id, std::string_view request_id) {
+  table_.withdraw(own_transfer_id, request_id);
+  if (auto substitute = substitute_for_lender_.find(own_transfer_id); substitute != substitute_for_lender_.end()) {
+    table_.withdraw(substitute->second.transfer_id, request_id);
+  }
+}
+
+void ConsumerGate::note_borrow(const TransferRecord& used, std::string_view own_transfer_id,
+                               std::string_view request_id, TimePoint now) {
+  // Served: whatever ends its own transfer (or the substitute it waited for) from now
+  // on is no loss of this request's.
+  if (used.transfer_id() != own_transfer_id) stop_waiting(own_transfer_id, request_id);
   // A resident copy is shared by design (its request finished); an invented name
   // belongs to no other request.
   if (used.transfer_id() == own_transfer_id || used.invented_name() || (used.spec() && used.spec()->local) ||

@@ -95,7 +95,11 @@ class ConsumerGate {
   // Unavailable channel absent: whether item `index`, waiting for `waiting_id`, is
   // let through to be encoded locally because its push cannot arrive any more.
   bool release_unreachable(const RequestView& request, std::size_t index, std::string_view waiting_id);
-  void note_borrow(const TransferRecord& used, std::string_view own_transfer_id, TimePoint now);
+  void note_borrow(const TransferRecord& used, std::string_view own_transfer_id, std::string_view request_id,
+                   TimePoint now);
+  // `request_id` no longer waits for its own transfer, nor for the substitute it
+  // would wait for instead: the end of either is not its loss.
+  void stop_waiting(std::string_view own_transfer_id, std::string_view request_id);
   void count_on_copy(const std::string& request_id, const std::string& mm_hash);
   void stop_counting_on_copy(const std::string& mm_hash);
   void forget_substitute(std::string_view lender_id);

@@ -1012,6 +1012,28 @@ TEST(CoordinatorConsumer, ASubstituteIsCancelledOnceBothRequestsFinished) {
   h.settle_cancels(2);
 }
 
+// B waited for its own transfer, then was served by A's delivery (its transfer kept
+// as A's substitute) and used it. When A finishes, the substitute is cancelled: B no
+// longer waits for it, so B is not told its input cannot be obtained (the engine
+// would fail a request that already has its encoder output).
+TEST(CoordinatorConsumer, ARequestServedByABorrowedCopyIsNotToldItsOwnCancelledTransferIsLost) {
+  Harness h;
+  auto a = request("ra", {"h"}, {"ta"});
+  auto b = request("rb", {"h"}, {"tb"});
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(b, 0));  // B waits for tb
+  h.step();
+  h.land_and_load(a, "ta", "h");
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(b, 0));  // served by ta: tb becomes A's substitute
+  h.coordinator.update_state_after_alloc(b, 0);
+  h.coordinator.update_state_after_free(b, 0);  // B used it and runs on
+  ASSERT_TRUE(h.coordinator.ensure_cache_available(a, 0));
+  h.coordinator.update_state_after_alloc(a, 0);
+  h.coordinator.request_finished(a);  // the second side done: tb is cancelled
+  EXPECT_EQ(state_of(h.coordinator, "tb"), S::cancelled);
+  h.step();
+  EXPECT_EQ(h.coordinator.take_unavailable_requests(), std::vector<std::string>{});
+}
+
 TEST(CoordinatorConsumer, PartialShardReadinessIsBounded) {
   auto options = testing::consumer_options();
   options.max_pending_shard_events = 3;
