@@ -229,6 +229,9 @@ class ShardHandler final : public control::ControlHandler {
     state_->publish_events();
     return wire::CancelReply{cancel_accepted(result)};
   }
+  // The reservation manager and the publisher are thread-safe (the transport's thread
+  // lands and publishes too): the scheduler of this process releases without the network.
+  bool cancel_runs_anywhere() const noexcept override { return true; }
 
   Result<wire::StatusReply> status(const control::RequestContext& /*context*/,
                                    const wire::StatusRequest& request) override {
@@ -435,6 +438,9 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
               c.held_reserves_placed);
       counter("control_held_reserves_expired_total", "Held reserves answered retry_after at the end of their hold", "",
               c.held_reserves_expired);
+      counter("control_in_process_cancels_total",
+              "Cancels and releases a scheduler of this process ran here without the network", "",
+              c.in_process_cancels);
     }
   });
 }

@@ -11,6 +11,7 @@
 #include <zmq.hpp>
 
 #include "control/counters.h"
+#include "control/local_calls.h"
 #include "control/zmq_util.h"
 #include "core/logging.h"
 #include "ecx/core/thread_name.h"
@@ -114,10 +115,12 @@ struct ControlClient::State {
 
   mutable std::mutex topology_mutex;
   std::unordered_map<std::string, Topology> topologies;  // guarded by topology_mutex
+  // The server instance a discovered topology names at `address` (its hello), if any.
+  std::optional<std::string> discovered_instance(const std::string& address) const;
 
   std::array<Counter, wire::kOpCount> sent;
   Counter replies_ok, replies_error, timeouts, rejected_calls, unmatched_replies, malformed_replies, auth_failures,
-      peers_opened, peers_closed, discoveries_ok, discoveries_failed, lane_calls, lanes_opened;
+      peers_opened, peers_closed, discoveries_ok, discoveries_failed, lane_calls, lanes_opened, in_process_calls;
 
   void submit(std::string address, wire::RequestBody body, Duration timeout, ReplyCallback done);
   void fan_out(std::vector<std::string> addresses, const wire::RequestBody& body, Duration timeout,
@@ -300,6 +303,15 @@ Result<wire::CancelReply> ControlClient::cancel(const std::string& address, wire
 Result<wire::CancelBatchReply> ControlClient::cancel_batch(const std::string& address,
                                                            std::vector<wire::CancelRequest> items, Duration timeout) {
   const std::size_t count = items.size();
+  // A shard of this process that lets its cancels run here (see LocalCancelRegistry),
+  // known by the instance its discovery reported for this address.
+  if (const auto instance = state_->discovered_instance(address)) {
+    if (auto answered =
+            detail::LocalCancelRegistry::instance().cancel_batch(*instance, state_->options.auth_secret, items)) {
+      state_->in_process_calls.add();
+      return answering_every_item(Result<wire::CancelBatchReply>(std::move(*answered)), address, count, "cancel");
+    }
+  }
   return answering_every_item(
       reply_body<wire::CancelBatchReply>(call_blocking(address, wire::CancelBatchRequest{std::move(items)}, timeout)),
       address, count, "cancel");
@@ -440,6 +452,16 @@ Result<Topology> ControlClient::discover(const std::string& base, Duration timeo
   return future.get();
 }
 
+std::optional<std::string> ControlClient::State::discovered_instance(const std::string& address) const {
+  std::lock_guard lock(topology_mutex);
+  for (const auto& [base, topology] : topologies) {
+    for (const auto& shard : topology.shards) {
+      if (shard.control == address) return shard.hello.instance;
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<Topology> ControlClient::cached_topology(const std::string& base) const {
   std::lock_guard lock(state_->topology_mutex);
   auto it = state_->topologies.find(base);
@@ -469,6 +491,7 @@ ClientCounters ControlClient::counters() const {
   c.discoveries_failed = s.discoveries_failed.get();
   c.lane_calls = s.lane_calls.get();
   c.lanes_opened = s.lanes_opened.get();
+  c.in_process_calls = s.in_process_calls.get();
   return c;
 }
 

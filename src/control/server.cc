@@ -9,6 +9,7 @@
 #include <zmq.hpp>
 
 #include "control/counters.h"
+#include "control/local_calls.h"
 #include "control/local_events.h"
 #include "control/zmq_util.h"
 #include "core/logging.h"
@@ -83,7 +84,8 @@ struct ControlServer::State {
   std::array<std::array<Counter, 2>, wire::kOpCount> requests;
   std::array<Counter, wire::kReserveOutcomeCount> reserve_items;
   Counter malformed, oversized, unknown_ops, version_mismatches, auth_failures, handler_exceptions, replies_unsent,
-      events_published, events_sent, events_dropped, ticks, reserves_held, held_placed, held_expired;
+      events_published, events_sent, events_dropped, ticks, reserves_held, held_placed, held_expired,
+      in_process_cancels;
 
   // Reserve batches waiting for space (reserve_hold), oldest first. Server thread only,
   // except `holding` and `capacity_freed`, which capacity_changed() reads and sets.
@@ -109,6 +111,12 @@ struct ControlServer::State {
   void reject(const zmq::message_t& identity, std::uint64_t id, wire::RejectReason reason, std::string text, bool sign);
   void count_reject(wire::RejectReason reason);
   wire::Reply dispatch(wire::DecodedRequest& decoded);
+  // One cancel result per request, as the handler answers it (a throwing handler fails
+  // that item only). The server's thread, or an in-process caller's when the handler
+  // allows it (cancel_runs_anywhere).
+  wire::CancelResult cancel_item(const RequestContext& request_context, const wire::CancelRequest& item);
+  // Serves an in-process caller's cancel_batch (see LocalCancelRegistry).
+  wire::CancelBatchReply cancel_in_process(std::span<const wire::CancelRequest> items);
   void send_reply(const zmq::message_t& identity, const wire::Reply& reply, bool sign);
   bool flush_events();
   // Moves the queued events to an in-process subscriber; false when none is queued or
@@ -190,6 +198,11 @@ Result<std::unique_ptr<ControlServer>> ControlServer::start(ServerOptions option
     s.run();
   });
   detail::LocalEventRegistry::instance().add_publisher(s.instance, s.options.auth_secret, [&s] { s.wakeup.notify(); });
+  if (s.handler->cancel_runs_anywhere()) {
+    detail::LocalCancelRegistry::instance().add(
+        s.instance, s.options.auth_secret,
+        [&s](std::span<const wire::CancelRequest> items) { return s.cancel_in_process(items); });
+  }
   return std::unique_ptr<ControlServer>(new ControlServer(std::move(state)));
 }
 
@@ -200,6 +213,7 @@ ControlServer::~ControlServer() { stop(); }
 void ControlServer::stop() {
   if (!state_->thread.joinable()) return;
   detail::LocalEventRegistry::instance().remove_publisher(state_->instance);
+  detail::LocalCancelRegistry::instance().remove(state_->instance);
   state_->stopping.store(true, std::memory_order_release);
   state_->wakeup.notify();
   state_->thread.join();
@@ -283,6 +297,7 @@ ServerCounters ControlServer::counters() const {
   c.reserves_held = s.reserves_held.get();
   c.held_reserves_placed = s.held_placed.get();
   c.held_reserves_expired = s.held_expired.get();
+  c.in_process_cancels = s.in_process_cancels.get();
   return c;
 }
 
@@ -577,6 +592,34 @@ void for_each_batch_item(std::size_t valid, const std::vector<wire::ItemError>& 
 
 }  // namespace
 
+wire::CancelResult ControlServer::State::cancel_item(const RequestContext& request_context,
+                                                     const wire::CancelRequest& item) {
+  wire::CancelResult out;
+  try {
+    auto answered = handler->cancel(request_context, item);
+    if (answered) {
+      out.cancelled = answered->cancelled;
+    } else {
+      out.error = answered.status();
+    }
+  } catch (const std::exception& e) {
+    handler_exceptions.add();
+    log->error("cancel handler failed for {}: {}", item.transfer_id, e.what());
+    out.error = internal_error(fmt::format("cancel failed on the server: {}", e.what()));
+  }
+  return out;
+}
+
+wire::CancelBatchReply ControlServer::State::cancel_in_process(std::span<const wire::CancelRequest> items) {
+  const RequestContext request_context{0, options.clock->now(), Duration{0}};
+  wire::CancelBatchReply batch;
+  batch.items.reserve(items.size());
+  for (const auto& item : items) batch.items.push_back(cancel_item(request_context, item));
+  requests[static_cast<std::size_t>(wire::Op::cancel_batch)][0].add();
+  in_process_cancels.add(items.size());
+  return batch;
+}
+
 wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
   wire::Request& request = decoded.request;
   wire::Reply reply;
@@ -638,22 +681,7 @@ wire::Reply ControlServer::State::dispatch(wire::DecodedRequest& decoded) {
                          [&](const Status& error) {
                            batch.items.push_back(wire::CancelResult{false, error});
                          },
-                         [&](std::size_t k) {
-                           wire::CancelResult& out = batch.items.emplace_back();
-                           const wire::CancelRequest& item = r.items[k];
-                           try {
-                             auto answered = handler->cancel(request_context, item);
-                             if (answered) {
-                               out.cancelled = answered->cancelled;
-                             } else {
-                               out.error = answered.status();
-                             }
-                           } catch (const std::exception& e) {
-                             handler_exceptions.add();
-                             log->error("cancel handler failed for {}: {}", item.transfer_id, e.what());
-                             out.error = internal_error(fmt::format("cancel failed on the server: {}", e.what()));
-                           }
-                         });
+                         [&](std::size_t k) { batch.items.push_back(cancel_item(request_context, r.items[k])); });
                      reply.body = std::move(batch);
                    },
                    [&](const wire::StatusRequest& r) { settle(handler->status(request_context, r)); },

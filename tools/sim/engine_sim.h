@@ -73,6 +73,9 @@ struct ConsumerResult {
   std::uint64_t reserves_held = 0;
   std::uint64_t held_reserves_placed = 0;
   std::uint64_t held_reserves_expired = 0;
+  // Releases and cancels the scheduler ran on its shards in this process, without the
+  // network (ControlHandler::cancel_runs_anywhere).
+  std::uint64_t in_process_cancels = 0;
   std::uint64_t resident_bytes = 0;
   // Readiness events the shards dropped (a full backlog), and shard readiness the
   // scheduler learnt by asking instead (readiness_recheck_s).

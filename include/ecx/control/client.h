@@ -74,8 +74,9 @@ struct ClientCounters {
   std::uint64_t peers_closed = 0;
   std::uint64_t discoveries_ok = 0;
   std::uint64_t discoveries_failed = 0;
-  std::uint64_t lane_calls = 0;    // blocking calls that went over a lane
-  std::uint64_t lanes_opened = 0;  // lane sockets opened (a lane is kept for the next call)
+  std::uint64_t lane_calls = 0;        // blocking calls that went over a lane
+  std::uint64_t lanes_opened = 0;      // lane sockets opened (a lane is kept for the next call)
+  std::uint64_t in_process_calls = 0;  // answered by a server of this process without the network
 };
 
 class ControlClient {
@@ -110,7 +111,9 @@ class ControlClient {
   Result<wire::CancelReply> cancel(const std::string& address, wire::CancelRequest request,
                                    Duration timeout = Duration{0});
   // Many cancels in one frame, to a shard whose hello has kFeatureCancelBatch: one
-  // result per item, in order (a reply of another length is a protocol error).
+  // result per item, in order (a reply of another length is a protocol error). A
+  // discovered shard served by this process whose handler allows it
+  // (ControlHandler::cancel_runs_anywhere) answers on this thread, without the network.
   Result<wire::CancelBatchReply> cancel_batch(const std::string& address, std::vector<wire::CancelRequest> items,
                                               Duration timeout = Duration{0});
   Result<wire::StatusReply> status(const std::string& address, std::string transfer_id, Duration timeout = Duration{0});

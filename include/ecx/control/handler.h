@@ -35,6 +35,11 @@ class ControlHandler {
                                                          std::span<const wire::ReserveItem> items) = 0;
 
   virtual Result<wire::CancelReply> cancel(const RequestContext& context, const wire::CancelRequest& request) = 0;
+  // Whether cancel() may also run on another thread of this process, concurrently
+  // with the server's: then a ControlClient of this process cancels here without the
+  // network (a release per loaded item costs the scheduler's process four thread
+  // hand-offs and a loopback round trip otherwise). Default: no.
+  virtual bool cancel_runs_anywhere() const noexcept { return false; }
 
   virtual Result<wire::StatusReply> status(const RequestContext& context, const wire::StatusRequest& request) = 0;
 

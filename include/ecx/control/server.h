@@ -65,6 +65,9 @@ struct ServerCounters {
   std::uint64_t reserves_held = 0;          // reserve batches held for space (reserve_hold)
   std::uint64_t held_reserves_placed = 0;   // of those, answered once space freed
   std::uint64_t held_reserves_expired = 0;  // of those, answered retry_after at the end of their hold
+  // Cancels a client of this process ran here without the network (also counted in
+  // requests, as cancel_batch requests answered ok).
+  std::uint64_t in_process_cancels = 0;
 };
 
 class ControlServer {

@@ -375,6 +375,148 @@ TEST(ControlDiscovery, FindsEveryShardAndCachesOnSuccessOnly) {
   EXPECT_EQ(client->counters().discoveries_failed, 1u);
 }
 
+// A handler whose cancels may run on any thread, recording the thread each ran on.
+// `hold` makes the next cancel wait (bounded) until released.
+class AnywhereHandler : public TestHandler {
+ public:
+  bool cancel_runs_anywhere() const noexcept override { return true; }
+  Result<wire::CancelReply> cancel(const RequestContext& context, const wire::CancelRequest& request) override {
+    {
+      std::unique_lock lock(mutex_);
+      threads_.push_back(std::this_thread::get_id());
+      entered_ = true;
+      changed_.notify_all();
+      changed_.wait_for(lock, 10s, [&] { return !hold_; });
+    }
+    auto reply = TestHandler::cancel(context, request);
+    returned_.store(true);
+    return reply;
+  }
+  std::vector<std::thread::id> threads() {
+    std::lock_guard lock(mutex_);
+    return threads_;
+  }
+  void hold() {
+    std::lock_guard lock(mutex_);
+    hold_ = true;
+    entered_ = false;
+  }
+  bool wait_entered(std::chrono::milliseconds max_wait) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, max_wait, [&] { return entered_; });
+  }
+  void release() {
+    std::lock_guard lock(mutex_);
+    hold_ = false;
+    changed_.notify_all();
+  }
+  std::atomic<bool> returned_{false};
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::thread::id> threads_;
+  bool hold_ = false;
+  bool entered_ = false;
+};
+
+std::vector<wire::CancelRequest> cancels(std::initializer_list<const char*> ids) {
+  std::vector<wire::CancelRequest> out;
+  for (const char* id : ids) out.push_back(wire::CancelRequest{id, {}, false, false});
+  return out;
+}
+
+TEST(InProcessCancels, ADiscoveredShardThatAllowsItCancelsOnTheCallersThread) {
+  auto handler = std::make_shared<AnywhereHandler>();
+  auto shards = testing::start_shards(1, handler);
+  ASSERT_EQ(shards.size(), 1u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  const std::string address = local(shards[0]->port());
+  ASSERT_TRUE(client->reserve_batch(address, {item("t-1"), item("t-2"), item("t-3")}, 2s).is_ok());
+
+  // Not discovered yet: the client does not know the server is in this process.
+  auto networked = client->cancel_batch(address, cancels({"t-1"}), 2s);
+  ASSERT_TRUE(networked.is_ok()) << networked.status().to_string();
+  EXPECT_TRUE(networked->items[0].cancelled);
+  EXPECT_EQ(client->counters().in_process_calls, 0u);
+  ASSERT_EQ(handler->threads().size(), 1u);
+  EXPECT_NE(handler->threads()[0], std::this_thread::get_id()) << "served on the server's thread";
+
+  ASSERT_TRUE(client->discover(address, 2s).is_ok());
+  const auto sent_before = client->counters().sent[static_cast<int>(wire::Op::cancel_batch)];
+  auto reply = client->cancel_batch(address, cancels({"t-2", "boom", "refused", "t-9", "t-3"}), 2s);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_EQ(reply->items.size(), 5u);
+  EXPECT_TRUE(reply->items[0].cancelled);
+  EXPECT_EQ(reply->items[1].error.code(), StatusCode::internal);  // a throwing handler fails its item only
+  EXPECT_EQ(reply->items[2].error.code(), StatusCode::conflict);
+  EXPECT_FALSE(reply->items[3].cancelled);  // nothing held: not an error
+  EXPECT_TRUE(reply->items[3].error.is_ok());
+  EXPECT_TRUE(reply->items[4].cancelled);
+  EXPECT_EQ(handler->reservation_count(), 0u);
+  const auto threads = handler->threads();
+  ASSERT_EQ(threads.size(), 6u);
+  for (std::size_t i = 1; i < threads.size(); ++i) EXPECT_EQ(threads[i], std::this_thread::get_id());
+  EXPECT_EQ(client->counters().in_process_calls, 1u);
+  EXPECT_EQ(client->counters().sent[static_cast<int>(wire::Op::cancel_batch)], sent_before) << "nothing sent";
+  const auto c = shards[0]->counters();
+  EXPECT_EQ(c.in_process_cancels, 5u);
+  EXPECT_EQ(c.requests[static_cast<int>(wire::Op::cancel_batch)][0], 2u);
+  EXPECT_EQ(c.handler_exceptions, 1u);
+}
+
+TEST(InProcessCancels, AHandlerThatDoesNotAllowItIsAskedOverTheNetwork) {
+  auto handler = std::make_shared<TestHandler>();
+  auto shards = testing::start_shards(1, handler);
+  ASSERT_EQ(shards.size(), 1u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  const std::string address = local(shards[0]->port());
+  ASSERT_TRUE(client->discover(address, 2s).is_ok());
+  ASSERT_TRUE(client->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+  auto reply = client->cancel_batch(address, cancels({"t-1"}), 2s);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  EXPECT_TRUE(reply->items[0].cancelled);
+  EXPECT_EQ(client->counters().in_process_calls, 0u);
+  EXPECT_EQ(client->counters().sent[static_cast<int>(wire::Op::cancel_batch)], 1u);
+  EXPECT_EQ(shards[0]->counters().in_process_cancels, 0u);
+}
+
+// A server stops only once the in-process cancels running on it returned (they read
+// state the server's owner frees after it), and is never called in process after.
+TEST(InProcessCancels, StoppingWaitsForTheCallsRunningAndEndsTheShortcut) {
+  auto handler = std::make_shared<AnywhereHandler>();
+  auto shards = testing::start_shards(1, handler);
+  ASSERT_EQ(shards.size(), 1u);
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  const std::string address = local(shards[0]->port());
+  ASSERT_TRUE(client->discover(address, 2s).is_ok());
+  ASSERT_TRUE(client->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+
+  handler->hold();
+  auto running = std::async(std::launch::async, [&] { return client->cancel_batch(address, cancels({"t-1"}), 2s); });
+  ASSERT_TRUE(handler->wait_entered(5s));
+  std::atomic<bool> returned_before_stop_ended{false};
+  auto stopping = std::async(std::launch::async, [&] {
+    shards[0]->stop();
+    returned_before_stop_ended.store(handler->returned_.load());
+  });
+  // Give the stop a chance to overtake the cancel it must wait for.
+  EXPECT_EQ(stopping.wait_for(50ms), std::future_status::timeout);
+  handler->release();
+  ASSERT_EQ(stopping.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(returned_before_stop_ended.load());
+  auto answered = running.get();
+  ASSERT_TRUE(answered.is_ok()) << answered.status().to_string();
+  EXPECT_TRUE(answered->items[0].cancelled);
+  EXPECT_EQ(client->counters().in_process_calls, 1u);
+
+  // Stopped: the client's cached topology still names it, but nothing in this
+  // process serves it; the network has no answer either.
+  auto after = client->cancel_batch(address, cancels({"t-1"}), 100ms);
+  EXPECT_FALSE(after.is_ok());
+  EXPECT_EQ(client->counters().in_process_calls, 1u);
+}
+
 TEST(ControlFanOut, EveryShardAnswersConcurrentlyAndFailuresStayPerShard) {
   auto handler = std::make_shared<TestHandler>();
   auto shards = testing::start_shards(1, handler);
