@@ -425,9 +425,12 @@ Status wait_for_consumer(const std::string& address, std::chrono::seconds timeou
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   Status last;
   while (std::chrono::steady_clock::now() < give_up && !g_stop.load()) {
-    auto hello = (*client)->hello(address, 1s);
-    if (hello) return Status::ok();
-    last = hello.status();
+    // Every shard, not only the first: a consumer starts its ranks one after the
+    // other (each prefaults its pool, seconds), and a producer that started when rank
+    // 0 answered sent the phase's first requests to an engine still starting.
+    auto topology = (*client)->discover(address, 1s);
+    if (topology) return Status::ok();
+    last = topology.status();
     std::this_thread::sleep_for(100ms);
   }
   return unavailable(fmt::format("no consumer answered at {}: {}", address, last.message()));

@@ -696,6 +696,9 @@ Result<std::unique_ptr<ConsumerSim>> ConsumerSim::start(ConsumerSimOptions optio
     return unavailable(fmt::format("cannot bind the admit channel {}: {}", state->options.admit_bind, e.what()));
   }
   state->admit_endpoint = state->admit.get(zmq::sockopt::last_endpoint);
+  // The engine's own memory first: a producer may start once every shard answers
+  // (`ecx bench e2e`), so what the engine needs must be in place by then.
+  for (int rank = 0; rank < config.layout.tp_size; ++rank) state->caches.emplace_back(config.buffer_size);
   for (int rank = 0; rank < config.layout.tp_size; ++rank) {
     Config rank_config = config;
     rank_config.layout.tp_rank = rank;
@@ -703,7 +706,6 @@ Result<std::unique_ptr<ConsumerSim>> ConsumerSim::start(ConsumerSimOptions optio
     if (!w) return Status(w.status().code(), fmt::format("consumer rank {}: {}", rank, w.status().message()));
     state->workers.push_back(std::move(*w));
   }
-  for (std::size_t rank = 0; rank < state->workers.size(); ++rank) state->caches.emplace_back(config.buffer_size);
   state->checks.assign(state->workers.size(), 0);
   state->rank_steps.resize(state->workers.size());
   state->ranks = std::make_unique<RankThreads>(state->workers.size());
