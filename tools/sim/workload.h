@@ -46,10 +46,13 @@ struct WorkloadOptions {
 std::vector<SimRequest> make_workload(const WorkloadOptions& options);
 std::uint64_t total_bytes(const std::vector<SimRequest>& requests);
 
-// Deterministic content of an image: a function of its mm_hash only (see workload.cc).
+// Deterministic content of an image: a function of its mm_hash only (see workload.cc),
+// in blocks of this size (the body repeats at this period, each block stamped).
+inline constexpr std::size_t kContentBlockBytes = 64 * 1024;
 void fill_content(std::string_view mm_hash, std::span<std::byte> out);
 bool content_matches(std::string_view mm_hash, std::span<const std::byte> data);
-// The same content in two steps, for memory an engine reuses (a 4 KiB-aligned arena):
+// The same content in two steps, for memory an engine reuses (an arena whose outputs
+// start at multiples of kContentBlockBytes):
 // the body every item shares, written once, then each item's per-block stamps.
 void prepare_content_body(std::span<std::byte> out);
 void stamp_content(std::string_view mm_hash, std::span<std::byte> out);
