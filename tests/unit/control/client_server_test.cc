@@ -426,12 +426,26 @@ std::vector<wire::CancelRequest> cancels(std::initializer_list<const char*> ids)
   return out;
 }
 
+// One shard on loopback serving `Handler`, and a client of this process.
+template <typename Handler>
+struct ShardAndClient {
+  std::shared_ptr<Handler> handler = std::make_shared<Handler>();
+  std::vector<std::unique_ptr<ControlServer>> shards = testing::start_shards(1, handler);
+  std::unique_ptr<ControlClient> client = testing::must(ControlClient::create(ClientOptions{}));
+  std::string address = shards.empty() ? std::string() : local(shards[0]->port());
+
+  // The shard discovered by the client (which then knows its instance), `t-1` reserved.
+  void discover_and_reserve_one() {
+    ASSERT_EQ(shards.size(), 1u);
+    ASSERT_TRUE(client->discover(address, 2s).is_ok());
+    ASSERT_TRUE(client->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+  }
+};
+
 TEST(InProcessCancels, ADiscoveredShardThatAllowsItCancelsOnTheCallersThread) {
-  auto handler = std::make_shared<AnywhereHandler>();
-  auto shards = testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  auto client = testing::must(ControlClient::create(ClientOptions{}));
-  const std::string address = local(shards[0]->port());
+  ShardAndClient<AnywhereHandler> s;
+  ASSERT_EQ(s.shards.size(), 1u);
+  auto& [handler, shards, client, address] = s;
   ASSERT_TRUE(client->reserve_batch(address, {item("t-1"), item("t-2"), item("t-3")}, 2s).is_ok());
 
   // Not discovered yet: the client does not know the server is in this process.
@@ -466,13 +480,9 @@ TEST(InProcessCancels, ADiscoveredShardThatAllowsItCancelsOnTheCallersThread) {
 }
 
 TEST(InProcessCancels, AHandlerThatDoesNotAllowItIsAskedOverTheNetwork) {
-  auto handler = std::make_shared<TestHandler>();
-  auto shards = testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  auto client = testing::must(ControlClient::create(ClientOptions{}));
-  const std::string address = local(shards[0]->port());
-  ASSERT_TRUE(client->discover(address, 2s).is_ok());
-  ASSERT_TRUE(client->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+  ShardAndClient<TestHandler> s;
+  ASSERT_NO_FATAL_FAILURE(s.discover_and_reserve_one());
+  auto& [handler, shards, client, address] = s;
   auto reply = client->cancel_batch(address, cancels({"t-1"}), 2s);
   ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
   EXPECT_TRUE(reply->items[0].cancelled);
@@ -484,13 +494,9 @@ TEST(InProcessCancels, AHandlerThatDoesNotAllowItIsAskedOverTheNetwork) {
 // A server stops only once the in-process cancels running on it returned (they read
 // state the server's owner frees after it), and is never called in process after.
 TEST(InProcessCancels, StoppingWaitsForTheCallsRunningAndEndsTheShortcut) {
-  auto handler = std::make_shared<AnywhereHandler>();
-  auto shards = testing::start_shards(1, handler);
-  ASSERT_EQ(shards.size(), 1u);
-  auto client = testing::must(ControlClient::create(ClientOptions{}));
-  const std::string address = local(shards[0]->port());
-  ASSERT_TRUE(client->discover(address, 2s).is_ok());
-  ASSERT_TRUE(client->reserve_batch(address, {item("t-1")}, 2s).is_ok());
+  ShardAndClient<AnywhereHandler> s;
+  ASSERT_NO_FATAL_FAILURE(s.discover_and_reserve_one());
+  auto& [handler, shards, client, address] = s;
 
   handler->hold();
   auto running = std::async(std::launch::async, [&] { return client->cancel_batch(address, cancels({"t-1"}), 2s); });
