@@ -771,6 +771,22 @@ bool PushEngine::wait_idle(Duration timeout) const {
   return true;
 }
 
+bool PushEngine::wait_active_below(std::uint64_t limit, Duration timeout) const {
+  const auto below = [&] { return state_->pushes.counters().active < limit; };
+  // The dispatcher notifies inbox_cv after every batch it handled, finished pushes
+  // included; the bounded slices only re-check.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock lock(state_->inbox_mutex);
+  while (!below()) {
+    if (state_->inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
+            std::cv_status::timeout &&
+        std::chrono::steady_clock::now() >= deadline) {
+      return below();
+    }
+  }
+  return true;
+}
+
 EngineCounters PushEngine::counters() const {
   EngineCounters c;
   {

@@ -75,6 +75,12 @@ class PushEngine {
   bool pending() const;
   // Waits (real time, at most `timeout`) until nothing is pending. True when idle.
   bool wait_idle(Duration timeout) const;
+  // Waits (real time, at most `timeout`) until fewer than `limit` pushes are active
+  // (EngineCounters::pushes.active: started by the dispatcher; one submitted a moment
+  // ago, or waiting for its consumer's discovery, is not counted yet): for an encoder
+  // that admits new work only below a bound, instead of polling the counters. True
+  // when they are.
+  bool wait_active_below(std::uint64_t limit, Duration timeout) const;
   EngineCounters counters() const;
   std::uint64_t export_metrics(metrics::Registry& registry) const;
 

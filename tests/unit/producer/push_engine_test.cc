@@ -203,6 +203,32 @@ TEST_F(MismatchedShard, ThePushFailsNamingBothLandings) {
   engine->shutdown(1s);
 }
 
+// An encoder that admits work below a bound waits for a push to end instead of
+// polling. The shard keeps answering the push's reserve with retry_after ("full-*"),
+// so it stays active until its request finishes.
+TEST(PushEngineWaits, WaitActiveBelowReturnsOnceAPushEnds) {
+  auto shards = control::testing::start_shards(1, std::make_shared<control::testing::TestHandler>());
+  ASSERT_EQ(shards.size(), 1u);
+  auto engine = PushEngine::start(producer_config(nlohmann::json{{"direct_payload_max_bytes", 0}}));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  EXPECT_TRUE((*engine)->wait_active_below(1, 0ms));  // nothing active
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  (*engine)->submit(PushSpec{"full-1", "h-1", shards[0]->control_endpoint(), *spec, "r-1"});
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while ((*engine)->counters().pushes.active == 0 && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(10ms);  // polls the dispatcher's progress (it stays pending)
+  }
+  ASSERT_EQ((*engine)->counters().pushes.active, 1u);
+  EXPECT_FALSE((*engine)->wait_active_below(1, 0ms));
+  EXPECT_TRUE((*engine)->wait_active_below(2, 0ms));
+  const std::vector<std::string> finished{"r-1"};
+  (*engine)->requests_finished(finished);  // no source will come: the push is abandoned
+  EXPECT_TRUE((*engine)->wait_active_below(1, 20s));
+  EXPECT_EQ((*engine)->counters().pushes.active, 0u);
+  (*engine)->shutdown(1s);
+}
+
 // lend_source: the engine's memory is sent in place and given back (the release runs
 // once) whatever becomes of its pushes: a push that fails, content no push wants, or a
 // consumer that never answers until shutdown.
