@@ -758,33 +758,33 @@ bool PushEngine::pending() const {
          state_->parked.load(std::memory_order_acquire) > 0 || state_->pushes.pending();
 }
 
-bool PushEngine::wait_idle(Duration timeout) const {
+namespace {
+
+// Waits (real time, at most `timeout`) on the dispatcher's inbox_cv until `done()`:
+// the dispatcher notifies it after every batch it handled, finished pushes included;
+// the bounded slices only re-check. Returns done() at the end.
+template <typename Done>
+bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(state_->inbox_mutex);
-  while (pending()) {
-    if (state_->inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
+  std::unique_lock lock(s.inbox_mutex);
+  while (!done()) {
+    if (s.inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
             std::cv_status::timeout &&
         std::chrono::steady_clock::now() >= deadline) {
-      return !pending();
+      return done();
     }
   }
   return true;
 }
 
+}  // namespace
+
+bool PushEngine::wait_idle(Duration timeout) const {
+  return wait_on_dispatcher(*state_, timeout, [this] { return !pending(); });
+}
+
 bool PushEngine::wait_active_below(std::uint64_t limit, Duration timeout) const {
-  const auto below = [&] { return state_->pushes.counters().active < limit; };
-  // The dispatcher notifies inbox_cv after every batch it handled, finished pushes
-  // included; the bounded slices only re-check.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(state_->inbox_mutex);
-  while (!below()) {
-    if (state_->inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
-            std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline) {
-      return below();
-    }
-  }
-  return true;
+  return wait_on_dispatcher(*state_, timeout, [&] { return state_->pushes.counters().active < limit; });
 }
 
 EngineCounters PushEngine::counters() const {

@@ -283,7 +283,8 @@ class LentOutputs : public std::enable_shared_from_this<LentOutputs> {
   }
 
  private:
-  static constexpr std::uint64_t kPage = kContentBlockBytes;  // the body repeats at this period
+  static constexpr std::uint64_t kPage =
+      kContentBlockBytes;  // a content block, not a memory page: the body repeats at this period
   // The shared content body, written once per page (the first time a block uses it).
   void prepare(std::uint64_t offset, std::uint64_t nbytes) {
     for (std::uint64_t page = offset / kPage; page < (offset + nbytes + kPage - 1) / kPage; ++page) {
