@@ -180,14 +180,24 @@ void print_stage_table(const std::vector<json>& phases) {
 
 // ---------------------------------------------------------------- CPU per item
 
-// CPU time per item of each thread name, us.
-json cpu_per_item(const std::map<std::string, std::uint64_t>& thread_cpu_ns, std::uint64_t items) {
+// Each thread name's figure per item, times `scale`.
+json per_item(const std::map<std::string, std::uint64_t>& by_thread, std::uint64_t items, double scale) {
   json out = json::object();
   if (items == 0) return out;
-  for (const auto& [name, ns] : thread_cpu_ns) {
-    out[name] = static_cast<double>(ns) / 1e3 / static_cast<double>(items);
+  for (const auto& [name, value] : by_thread) {
+    out[name] = static_cast<double>(value) * scale / static_cast<double>(items);
   }
   return out;
+}
+
+// CPU time per item of each thread name, us.
+json cpu_per_item(const std::map<std::string, std::uint64_t>& thread_cpu_ns, std::uint64_t items) {
+  return per_item(thread_cpu_ns, items, 1e-3);
+}
+
+// Sleeps (hence wake-ups) per item of each thread name.
+json sleeps_per_item(const std::map<std::string, std::uint64_t>& thread_sleeps, std::uint64_t items) {
+  return per_item(thread_sleeps, items, 1.0);
 }
 
 // What a thread name is, and whether it is the simulated engine's rather than ECX's.
@@ -228,10 +238,12 @@ ThreadKind thread_kind(const std::string& name) {
 // One phase's CPU per item, thread by thread, then ECX's, the simulated engine's and
 // both: the machine's cost of an item, and the rate this host's CPUs allow at it.
 void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& raws) {
-  const TextTable table({{"size", 8}, {"phase", 10}, {"process", 8}, {"thread", 34}, {"us/item", 8}});
+  const TextTable table(
+      {{"size", 8}, {"phase", 10}, {"process", 8}, {"thread", 34}, {"us/item", 8}, {"sleeps/item", 11}});
   const unsigned cpus = std::max(1U, std::thread::hardware_concurrency());
   std::cout << "\nCPU per item (each process's threads during its phase, by name; the engine threads split into "
-               "the simulator's own work and ECX's calls):\n";
+               "the simulator's own work and ECX's calls, their sleeps, waits in ECX's calls included, on the "
+               "first); sleeps/item: how often the threads went to sleep per item, each a wake-up later:\n";
   table.print_header(std::cout);
   for (std::size_t k = 0; k < phases.size(); ++k) {
     const json& e2e = phases[k];
@@ -240,45 +252,58 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
     const std::string phase = e2e.value("phase", std::string());
     double ecx = 0;
     double simulator = 0;
-    auto row = [&](const char* process, const std::string& label, double us, bool is_sim) {
+    auto row = [&](const char* process, const std::string& label, double us, bool is_sim,
+                   std::optional<double> sleeps) {
       (is_sim ? simulator : ecx) += us;
-      if (us >= 0.05) table.print_row(std::cout, {size, phase, process, label, fmt::format("{:.1f}", us)});
+      if (us < 0.05 && sleeps.value_or(0.0) < 0.005) return;
+      table.print_row(std::cout, {size, phase, process, label, fmt::format("{:.1f}", us),
+                                  sleeps ? fmt::format("{:.2f}", *sleeps) : std::string("-")});
     };
-    for (const auto& [process, cpu_key, sim_key] :
-         {std::tuple{"consumer", "cpu_us_per_item", "sim_us_per_item"},
-          std::tuple{"producer", "producer_cpu_us_per_item", "producer_sim_us_per_item"}}) {
+    auto total_row = [&](const char* process, const std::string& label, const std::string& value) {
+      table.print_row(std::cout, {size, phase, process, label, value, "-"});
+    };
+    for (const auto& [process, cpu_key, sleeps_key, sim_key] :
+         {std::tuple{"consumer", "cpu_us_per_item", "sleeps_per_item", "sim_us_per_item"},
+          std::tuple{"producer", "producer_cpu_us_per_item", "producer_sleeps_per_item", "producer_sim_us_per_item"}}) {
+      const json sleeps = e2e.value(sleeps_key, json::object());
+      const auto sleeps_of = [&sleeps](const std::string& name) -> std::optional<double> {
+        if (!sleeps.contains(name)) return std::nullopt;
+        return sleeps[name].get<double>();
+      };
       // The engine threads (every TP rank's) together: the simulator's own part is
       // measured for all of them at once.
       double engine_us = 0;
+      std::optional<double> engine_sleeps;
       for (const auto& [name, value] : e2e[cpu_key].items()) {
         const double us = value.get<double>();
         if (sim::is_engine_thread(name)) {
           engine_us += us;
+          if (const auto n = sleeps_of(name)) engine_sleeps = engine_sleeps.value_or(0.0) + *n;
           continue;
         }
         const auto kind = thread_kind(name);
-        row(process, kind.label, us, kind.simulator);
+        row(process, kind.label, us, kind.simulator, sleeps_of(name));
       }
       const double sim_us = std::min(engine_us, e2e.value(sim_key, 0.0));
-      row(process, "engine threads: ECX's calls", engine_us - sim_us, false);
-      row(process, "engine threads: simulator", sim_us, true);
+      row(process, "engine threads: ECX's calls", engine_us - sim_us, false, engine_sleeps);
+      row(process, "engine threads: simulator", sim_us, true, std::nullopt);
     }
     const double all = ecx + simulator;
-    table.print_row(std::cout, {size, phase, "both", "ECX", fmt::format("{:.1f}", ecx)});
-    table.print_row(std::cout, {size, phase, "both", "simulated engines", fmt::format("{:.1f}", simulator)});
-    table.print_row(std::cout, {size, phase, "both", "all", fmt::format("{:.1f}", all)});
+    total_row("both", "ECX", fmt::format("{:.1f}", ecx));
+    total_row("both", "simulated engines", fmt::format("{:.1f}", simulator));
+    total_row("both", "all", fmt::format("{:.1f}", all));
     const bool many = e2e.value("window", 1) > 1;  // many in flight: the CPUs, not a hand-back, set the pace
     if (all > 0 && many) {
-      table.print_row(std::cout, {size, phase, "both", fmt::format("items/s {} CPUs allow at this cost", cpus),
-                                  fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / all)});
+      total_row("both", fmt::format("items/s {} CPUs allow at this cost", cpus),
+                fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / all));
     }
     // The raw data plane's own cost per message, same round: sender and receiver.
     if (k < raws.size() && raws[k].is_object() && raws[k].contains("cpu_us_per_item")) {
       const double raw = raws[k].value("cpu_us_per_item", 0.0);
-      table.print_row(std::cout, {size, phase, "raw", "the raw data plane", fmt::format("{:.1f}", raw)});
+      total_row("raw", "the raw data plane", fmt::format("{:.1f}", raw));
       if (raw > 0 && many) {
-        table.print_row(std::cout, {size, phase, "raw", fmt::format("items/s {} CPUs allow at this cost", cpus),
-                                    fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / raw)});
+        total_row("raw", fmt::format("items/s {} CPUs allow at this cost", cpus),
+                  fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / raw));
       }
     }
   }
@@ -339,6 +364,7 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
            {"sim_us_per_item",
             r.items_ready > 0 ? static_cast<double>(r.sim_engine_ns) / 1e3 / static_cast<double>(r.items_ready) : 0.0},
            {"cpu_us_per_item", cpu_per_item(r.thread_cpu_ns, r.items_ready)},
+           {"sleeps_per_item", sleeps_per_item(r.thread_sleeps, r.items_ready)},
            {"leaked_pool_bytes", r.leaked_pool_bytes},
            {"checksum_mismatches", r.checksum_mismatches},
            {"content_mismatches", r.content_mismatches},
@@ -489,6 +515,7 @@ int run_producer_role(const E2eOptions& o) {
                       {"sim_us_per_item",
                        r->items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->items) : 0.0},
                       {"cpu_us_per_item", cpu_per_item(r->thread_cpu_ns, r->items)},
+                      {"sleeps_per_item", sleeps_per_item(r->thread_sleeps, r->items)},
                       {"wall_s", r->wall_s},
                       {"stages", stage_report(stages_before, kProducerStages)}}
                      .dump()
@@ -663,6 +690,7 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
       e2e["retry_afters"] = produced[k].value("retry_afters", std::uint64_t{0});
       e2e["producer_sim_us_per_item"] = produced[k].value("sim_us_per_item", 0.0);
       if (produced[k].contains("cpu_us_per_item")) e2e["producer_cpu_us_per_item"] = produced[k]["cpu_us_per_item"];
+      if (produced[k].contains("sleeps_per_item")) e2e["producer_sleeps_per_item"] = produced[k]["sleeps_per_item"];
       if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
     std::optional<json> raw;

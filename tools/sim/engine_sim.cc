@@ -761,7 +761,9 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       (void)s.scheduler->wait_for_events(kIdleStepCap, std::span(&admit_socket, 1));
     }
   }
-  s.result.thread_cpu_ns = ThreadCpu::now().used_since(cpu_before);
+  const auto cpu_after = ThreadCpu::now();
+  s.result.thread_cpu_ns = cpu_after.used_since(cpu_before);
+  s.result.thread_sleeps = cpu_after.sleeps_since(cpu_before);
   // Whatever is still pending at the deadline failed.
   for (const auto& id : std::vector<std::string>(s.order)) s.fail_unscheduled(id);
   // Give the engine's frees back and let the shards acknowledge the scheduler's last
@@ -1062,7 +1064,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       }
     }
   }
-  result.thread_cpu_ns = ThreadCpu::now().used_since(cpu_before);
+  const auto cpu_after = ThreadCpu::now();
+  result.thread_cpu_ns = cpu_after.used_since(cpu_before);
+  result.thread_sleeps = cpu_after.sleeps_since(cpu_before);
   (void)worker.wait_published(std::chrono::seconds(2));  // best effort: what is left is dropped, counted
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;

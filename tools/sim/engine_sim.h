@@ -103,6 +103,7 @@ struct ConsumerResult {
   // the engine threads (kEngineThreadName, its ranks' "-r<rank>"), ECX's own, and the
   // admit channel's I/O thread.
   std::map<std::string, std::uint64_t> thread_cpu_ns;
+  std::map<std::string, std::uint64_t> thread_sleeps;  // the same threads' sleeps (ThreadCpu::sleeps_since)
   bool producer_done = false;
   double wall_s = 0;
 };
@@ -172,8 +173,9 @@ struct ProducerResult {
   std::uint64_t store_prefetch_timeouts = 0;  // prefetches the worker never answered in time (encoded)
   worker::StoreWorkerCounters store;
   // CPU time of this process's threads from the first request to the end, by thread
-  // name (as ConsumerResult's).
+  // name (as ConsumerResult's), and their sleeps.
   std::map<std::string, std::uint64_t> thread_cpu_ns;
+  std::map<std::string, std::uint64_t> thread_sleeps;
   double wall_s = 0;
 };
 

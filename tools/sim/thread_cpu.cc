@@ -7,6 +7,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 
 namespace ecx::sim {
@@ -38,6 +39,32 @@ std::optional<std::uint64_t> cpu_ns_of(const std::filesystem::path& task) {
   return (utime + stime) * (1'000'000'000ULL / static_cast<std::uint64_t>(ticks > 0 ? ticks : 100));
 }
 
+// status's "voluntary_ctxt_switches:" line; 0 where the kernel has none.
+std::uint64_t sleeps_of(const std::filesystem::path& task) {
+  std::ifstream in(task / "status");
+  constexpr std::string_view kKey = "voluntary_ctxt_switches:";
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with(kKey)) return std::strtoull(line.c_str() + kKey.size(), nullptr, 10);
+  }
+  return 0;
+}
+
+// Per thread name, `field` since `before`; a thread id reused by a newer thread of
+// another name is a new thread.
+template <typename Thread, typename Field>
+std::map<std::string, std::uint64_t> since(const std::map<pid_t, Thread>& now, const std::map<pid_t, Thread>& before,
+                                           Field field) {
+  std::map<std::string, std::uint64_t> out;
+  for (const auto& [tid, thread] : now) {
+    std::uint64_t used = thread.*field;
+    if (auto it = before.find(tid); it != before.end() && it->second.name == thread.name) {
+      used -= std::min(used, it->second.*field);
+    }
+    out[thread.name] += used;
+  }
+  return out;
+}
+
 }  // namespace
 
 ThreadCpu ThreadCpu::now() {
@@ -51,22 +78,18 @@ ThreadCpu ThreadCpu::now() {
     const auto cpu = cpu_ns_of(entry.path());
     if (!cpu) continue;
     thread.cpu_ns = *cpu;
+    thread.sleeps = sleeps_of(entry.path());
     out.threads_.emplace(tid, std::move(thread));
   }
   return out;
 }
 
 std::map<std::string, std::uint64_t> ThreadCpu::used_since(const ThreadCpu& before) const {
-  std::map<std::string, std::uint64_t> out;
-  for (const auto& [tid, thread] : threads_) {
-    std::uint64_t used = thread.cpu_ns;
-    // A thread id reused by a newer thread of another name is a new thread.
-    if (auto it = before.threads_.find(tid); it != before.threads_.end() && it->second.name == thread.name) {
-      used -= std::min(used, it->second.cpu_ns);
-    }
-    out[thread.name] += used;
-  }
-  return out;
+  return since(threads_, before.threads_, &Thread::cpu_ns);
+}
+
+std::map<std::string, std::uint64_t> ThreadCpu::sleeps_since(const ThreadCpu& before) const {
+  return since(threads_, before.threads_, &Thread::sleeps);
 }
 
 }  // namespace ecx::sim

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -61,8 +62,23 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
         EXPECT_GE(value.get<double>(), 0.0) << name;
       }
     }
+    // Sleeps are counted for the same threads. One item at a time, each engine waits
+    // for the other side between items, so it sleeps.
+    const auto& consumer_sleeps = row.at("sleeps_per_item");
+    const auto& producer_sleeps = row.at("producer_sleeps_per_item");
+    for (const auto& [cpu, sleeps] : {std::pair{&consumer, &consumer_sleeps}, std::pair{&producer, &producer_sleeps}}) {
+      for (const auto& [name, value] : cpu->items()) {
+        ASSERT_TRUE(sleeps->contains(name)) << name;
+        EXPECT_GE(sleeps->at(name).get<double>(), 0.0) << name;
+      }
+    }
+    if (row.value("window", 0) == 1) {
+      EXPECT_GT(consumer_sleeps.value("ecx-engine", 0.0), 0.0);
+      EXPECT_GT(producer_sleeps.value("ecx-engine", 0.0), 0.0);
+    }
   }
   EXPECT_NE(output.find("CPU per item"), std::string::npos) << output;
+  EXPECT_NE(output.find("sleeps/item"), std::string::npos) << output;
   EXPECT_NE(output.find("items/s"), std::string::npos) << output;
   EXPECT_NE(output.find("ZeroMQ I/O: admit channel"), std::string::npos) << output;
 }
