@@ -48,7 +48,7 @@ std::uint64_t total_bytes(const std::vector<SimRequest>& requests);
 
 // Deterministic content of an image: a function of its mm_hash only (see workload.cc),
 // in blocks of this size (the body repeats at this period, each block stamped).
-inline constexpr std::size_t kContentBlockBytes = 64 * 1024;
+inline constexpr std::size_t kContentBlockBytes = std::size_t{64} * 1024;
 void fill_content(std::string_view mm_hash, std::span<std::byte> out);
 bool content_matches(std::string_view mm_hash, std::span<const std::byte> data);
 // The same content in two steps, for memory an engine reuses (an arena whose outputs
