@@ -299,8 +299,17 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
     }
     // The raw data plane's own cost per message, same round: sender and receiver.
     if (k < raws.size() && raws[k].is_object() && raws[k].contains("cpu_us_per_item")) {
-      const double raw = raws[k].value("cpu_us_per_item", 0.0);
-      total_row("raw", "the raw data plane", fmt::format("{:.1f}", raw));
+      const json& r = raws[k];
+      const double raw = r.value("cpu_us_per_item", 0.0);
+      const auto sleeps = [&r](const char* key) {
+        return r.contains(key) ? fmt::format("{:.2f}", r.value(key, 0.0)) : std::string("-");
+      };
+      table.print_row(std::cout, {size, phase, "raw", "the raw data plane", fmt::format("{:.1f}", raw),
+                                  sleeps("sleeps_per_message")});
+      table.print_row(std::cout, {size, phase, "raw", "UCX progress, receiver", "-",
+                                  sleeps("receiver_progress_sleeps_per_message")});
+      table.print_row(std::cout,
+                      {size, phase, "raw", "UCX progress, sender", "-", sleeps("sender_progress_sleeps_per_message")});
       if (raw > 0 && many) {
         total_row("raw", fmt::format("items/s {} CPUs allow at this cost", cpus),
                   fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / raw));
@@ -597,6 +606,10 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
     if (s.contains("delivery_p50_us")) out["p50_us"] = s["delivery_p50_us"];
     if (s.contains("delivery_p99_us")) out["p99_us"] = s["delivery_p99_us"];
     if (s.contains("cpu_us_per_message")) out["cpu_us_per_item"] = s["cpu_us_per_message"];
+    for (const char* key :
+         {"sleeps_per_message", "receiver_progress_sleeps_per_message", "sender_progress_sleeps_per_message"}) {
+      if (s.contains(key)) out[key] = s[key];
+    }
     if (s.contains("p50_us")) out["completion_p50_us"] = s["p50_us"];
     if (s.contains("p99_us")) out["completion_p99_us"] = s["p99_us"];
     return out;

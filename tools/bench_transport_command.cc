@@ -231,10 +231,18 @@ struct Series {
   // measured sends, the receiver's from its first measured landing): what the raw data
   // plane costs the machine per item, for `ecx bench e2e`'s CPU table.
   std::optional<double> cpu_us_per_message;
+  // The same threads' sleeps per message (sim::ThreadCpu::sleeps_since), and those of
+  // each side's UCX progress thread alone.
+  std::optional<double> sleeps_per_message;
+  std::optional<double> receiver_progress_sleeps_per_message;
+  std::optional<double> sender_progress_sleeps_per_message;
   std::uint64_t count = 0;
 };
 
-std::uint64_t total_ns(const std::map<std::string, std::uint64_t>& by_thread) {
+// The name ECX's UCX worker gives its progress thread.
+constexpr std::string_view kProgressThread = "ecx-ucx";
+
+std::uint64_t sum_over_threads(const std::map<std::string, std::uint64_t>& by_thread) {
   std::uint64_t total = 0;
   for (const auto& [name, ns] : by_thread) total += ns;
   return total;
@@ -350,9 +358,13 @@ int run_consumer(const BenchOptions& options) {
   }
   const auto stats = transport->stats();
   std::lock_guard lock(mutex);
-  const std::uint64_t cpu_ns = cpu_from ? total_ns(sim::ThreadCpu::now().used_since(*cpu_from)) : 0;
+  const auto cpu_to = sim::ThreadCpu::now();
+  const std::uint64_t cpu_ns = cpu_from ? sum_over_threads(cpu_to.used_since(*cpu_from)) : 0;
+  const auto sleeps = cpu_from ? cpu_to.sleeps_since(*cpu_from) : std::map<std::string, std::uint64_t>{};
+  const auto progress = sleeps.find(std::string(kProgressThread));
   std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << " delivery_us "
-            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << " cpu_ns " << cpu_ns << std::endl;
+            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << " cpu_ns " << cpu_ns << " sleeps "
+            << sum_over_threads(sleeps) << " " << (progress == sleeps.end() ? 0 : progress->second) << std::endl;
   return 0;
 }
 
@@ -461,7 +473,9 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   const auto begin = Clock::now();
   ECX_RETURN_IF_ERROR(run_batch(count, true));
   const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-  const std::uint64_t sender_cpu_ns = total_ns(sim::ThreadCpu::now().used_since(cpu_from));
+  const auto cpu_to = sim::ThreadCpu::now();
+  const std::uint64_t sender_cpu_ns = sum_over_threads(cpu_to.used_since(cpu_from));
+  const auto sender_sleeps = cpu_to.sleeps_since(cpu_from);
   // A payload the consumer could not place would still count as sent here: check.
   consumer.write_line(fmt::format("quit {}", warmup + count));
   const auto landed = consumer.read_line(30s);
@@ -475,7 +489,11 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   double delivery_p99 = 0;
   std::string cpu_word;
   std::uint64_t receiver_cpu_ns = 0;
-  delivery >> delivery_p50 >> delivery_p99 >> cpu_word >> receiver_cpu_ns;
+  std::string sleeps_word;
+  std::uint64_t receiver_sleeps = 0;
+  std::uint64_t receiver_progress_sleeps = 0;
+  delivery >> delivery_p50 >> delivery_p99 >> cpu_word >> receiver_cpu_ns >> sleeps_word >> receiver_sleeps >>
+      receiver_progress_sleeps;
   Series series;
   series.name = "ecx";
   series.transport = data_link_name(ucx_link(options));
@@ -488,6 +506,14 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   series.delivery_p99_us = delivery_p99;
   if (cpu_word == "cpu_ns" && receiver_cpu_ns > 0 && count > 0) {
     series.cpu_us_per_message = static_cast<double>(sender_cpu_ns + receiver_cpu_ns) / 1e3 / static_cast<double>(count);
+  }
+  if (sleeps_word == "sleeps" && count > 0) {
+    const auto per_message = [count](std::uint64_t n) { return static_cast<double>(n) / static_cast<double>(count); };
+    const auto sender_progress = sender_sleeps.find(std::string(kProgressThread));
+    series.sleeps_per_message = per_message(sum_over_threads(sender_sleeps) + receiver_sleeps);
+    series.receiver_progress_sleeps_per_message = per_message(receiver_progress_sleeps);
+    series.sender_progress_sleeps_per_message =
+        per_message(sender_progress == sender_sleeps.end() ? 0 : sender_progress->second);
   }
   return series;
 }
@@ -696,6 +722,12 @@ nlohmann::json to_json(const Series& s) {
   if (s.delivery_p99_us) j["delivery_p99_us"] = *s.delivery_p99_us;
   if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
   if (s.cpu_us_per_message) j["cpu_us_per_message"] = *s.cpu_us_per_message;
+  if (s.sleeps_per_message) j["sleeps_per_message"] = *s.sleeps_per_message;
+  if (s.receiver_progress_sleeps_per_message) {
+    j["receiver_progress_sleeps_per_message"] = *s.receiver_progress_sleeps_per_message;
+  }
+  if (s.sender_progress_sleeps_per_message)
+    j["sender_progress_sleeps_per_message"] = *s.sender_progress_sleeps_per_message;
   return j;
 }
 

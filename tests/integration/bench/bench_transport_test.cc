@@ -93,6 +93,12 @@ TEST(BenchTransport, AGapSpacesTheSendsAndEveryMessageStillArrives) {
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_GT(ecx_gbps(run), 0.0) << run.output;
   EXPECT_NE(run.output.find("each ECX send 500 us after one completed"), std::string::npos) << run.output;
+  // 500 us apart, each message finds the receiver's progress thread asleep (it spins
+  // for 50 us at most): its sleeps are counted, and are part of both processes' sleeps.
+  const double receiver = ecx_figure(run, "receiver_progress_sleeps_per_message");
+  EXPECT_GT(receiver, 0.0) << run.series.dump();
+  EXPECT_GE(ecx_figure(run, "sleeps_per_message"), receiver) << run.series.dump();
+  EXPECT_GE(ecx_figure(run, "sender_progress_sleeps_per_message"), 0.0) << run.series.dump();
   const BenchRun bad = bench_transport("bad-gap", {"--gap", "-5"});
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--gap"), std::string::npos) << bad.output;
