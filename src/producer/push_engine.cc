@@ -170,24 +170,59 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   // A lent source nothing sends from any more: its registration goes, then the engine
-  // gets its memory back. A send that timed out may still read it (the data plane
-  // refuses to deregister then): retried each dispatcher pass until it can.
-  std::vector<StagingArea::LentRelease> lent_parked;
+  // gets its memory back, from the data plane's thread, without the dispatcher waiting
+  // for it. A send that timed out may still read it (the data plane refuses to
+  // deregister then): it is parked, and the dispatcher retries it each pass, waiting,
+  // until it can. Nothing parked is given back before the data plane is gone.
+  std::atomic<bool> lent_registration_works{false};  // see lend_source
+  std::atomic<std::uint64_t> lent_returning{0};      // deregistrations queued, their memory not yet back
+  std::atomic<int> idle_waiters{0};                  // threads in wait_on_dispatcher()
+  std::mutex refused_lent_mutex;
+  std::vector<StagingArea::LentRelease> refused_lent;  // deregistration refused, for the dispatcher
+  std::vector<StagingArea::LentRelease> lent_parked;   // dispatcher only
   void give_back(StagingArea::LentRelease lent) {
-    if (Status s = transport->deregister_region(lent.region); !s) {
-      if (lent_parked.size() < kMaxLentParked) {
-        lent_parked.push_back(std::move(lent));
-        return;
+    const auto region = lent.region;
+    auto held = std::make_shared<StagingArea::LentRelease>(std::move(lent));
+    lent_returning.fetch_add(1);
+    transport->deregister_region_then(region, [this, held](const Status& removed) {
+      if (removed) {
+        held->give_back();
+      } else {
+        std::lock_guard lock(refused_lent_mutex);
+        refused_lent.push_back(std::move(*held));
       }
-      log->warn("a lent source's registration could not be removed ({}); its memory is given back anyway",
-                s.to_string());
+      // The engine is idle only once its memory is back: wake wait_idle() if it waits
+      // (it counts itself in idle_waiters before it reads lent_returning).
+      if (lent_returning.fetch_sub(1) == 1 && idle_waiters.load() > 0) {
+        std::lock_guard lock(inbox_mutex);
+        inbox_cv.notify_all();
+      }
+    });
+  }
+  void park_lent(StagingArea::LentRelease lent, const Status& why) {
+    if (lent_parked.size() < kMaxLentParked) {
+      lent_parked.push_back(std::move(lent));
+      return;
     }
+    log->warn("a lent source's registration could not be removed ({}); its memory is given back anyway",
+              why.to_string());
     lent.give_back();
   }
   void retry_parked_lent() {
+    {
+      std::lock_guard lock(refused_lent_mutex);
+      for (auto& lent : refused_lent) park_lent(std::move(lent), conflict("its deregistration was refused"));
+      refused_lent.clear();
+    }
     auto parked_now = std::move(lent_parked);
     lent_parked.clear();
-    for (auto& lent : parked_now) give_back(std::move(lent));
+    for (auto& lent : parked_now) {
+      if (Status s = transport->deregister_region(lent.region); !s) {
+        park_lent(std::move(lent), s);
+      } else {
+        lent.give_back();
+      }
+    }
   }
 
   // ---- dispatcher
@@ -209,7 +244,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       }
       actions.append(pushes.tick());
       execute(std::move(actions));
-      if (!lent_parked.empty()) retry_parked_lent();
+      retry_parked_lent();
       update_parked();
       in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel);
       lock.lock();
@@ -715,8 +750,16 @@ Status PushEngine::lend_source(std::string_view mm_hash, const void* data, std::
                                std::function<void()> release) {
   auto& s = *state_;
   if (nbytes == 0) return invalid_argument("an encoder output of 0 bytes cannot be pushed");
-  auto region = s.transport->register_region(const_cast<void*>(data), nbytes,  // NOLINT: only read
-                                             transport::MemoryKind::host);
+  // Once one lent output was registered, the rest are not waited for: the data plane
+  // maps each before the send that reads it (a round trip to its thread per output was
+  // the engine's longest wait in this call). Until then each is registered waiting, so
+  // a data plane that cannot register the engine's memory is seen here, and the output
+  // is copied instead; a deferred registration that fails fails its sends, naming why.
+  void* base = const_cast<void*>(data);  // NOLINT: only read
+  const bool defer = s.lent_registration_works.load(std::memory_order_relaxed);
+  auto region = defer ? s.transport->register_region_deferred(base, nbytes, transport::MemoryKind::host)
+                      : s.transport->register_region(base, nbytes, transport::MemoryKind::host);
+  if (region && !defer) s.lent_registration_works.store(true, std::memory_order_relaxed);
   if (!region) {
     // Still sent, from a copy: the engine has its memory back at once.
     s.log->debug("cannot register mm_hash={}'s output in place ({}); staging a copy", mm_hash,
@@ -755,7 +798,8 @@ std::vector<FailedSave> PushEngine::drain_failures() {
 
 bool PushEngine::pending() const {
   return state_->in_progress.load(std::memory_order_acquire) > 0 ||
-         state_->parked.load(std::memory_order_acquire) > 0 || state_->pushes.pending();
+         state_->parked.load(std::memory_order_acquire) > 0 || state_->lent_returning.load() > 0 ||
+         state_->pushes.pending();
 }
 
 namespace {
@@ -767,6 +811,11 @@ template <typename Done>
 bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(s.inbox_mutex);
+  s.idle_waiters.fetch_add(1);
+  struct Leave {
+    std::atomic<int>& waiters;
+    ~Leave() { waiters.fetch_sub(1); }
+  } leave{s.idle_waiters};
   while (!done()) {
     if (s.inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
             std::cv_status::timeout &&
@@ -879,6 +928,11 @@ void PushEngine::shutdown(Duration timeout) {
   s.transport.reset();
   // The data plane is gone: nothing reads the engine's lent memory any more.
   auto lent = std::move(s.lent_parked);
+  {
+    std::lock_guard lock(s.refused_lent_mutex);
+    for (auto& refused : s.refused_lent) lent.push_back(std::move(refused));
+    s.refused_lent.clear();
+  }
   for (auto& rest : s.staging->release_all_lent()) lent.push_back(std::move(rest));
   for (auto& l : lent) l.give_back();
 }

@@ -77,6 +77,27 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
         .status();
   }
 
+  // Queued, not waited for: the progress thread maps the memory before any send
+  // queued after it (one queue, in order). A per-payload registration through call()
+  // cost the caller a round trip to this thread and the thread one more wake-up.
+  Result<RegionHandle> register_region_deferred(void* base, std::uint64_t size, MemoryKind kind) override {
+    if (base == nullptr || size == 0) return invalid_argument("register_region: empty region");
+    const std::uint64_t id = deferred_ids_.next();
+    ECX_RETURN_IF_ERROR(worker_.enqueue([this, id, base, size, kind](bool run) {
+      if (run) regions_.add_deferred(id, base, size, kind);
+    }));
+    return RegionHandle{id};
+  }
+
+  void deregister_region_then(RegionHandle region, std::function<void(Status)> done) override {
+    auto shared_done = std::make_shared<std::function<void(Status)>>(std::move(done));
+    const Status queued = worker_.enqueue([this, region, shared_done](bool run) {
+      // Not run: the transport is stopping, and its teardown unmaps every region.
+      (*shared_done)(run ? regions_.remove(region) : unavailable("the transport is shutting down"));
+    });
+    if (!queued) (*shared_done)(queued);
+  }
+
   Result<std::string> listen(std::string_view host, int port) override {
     return worker_.call<std::string>(
         [this, host = std::string(host), port]() { return endpoints_.listen(host, port); });
@@ -215,6 +236,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   UcxOptions options_;
   ucx::AtomicStats stats_;
   ucx::IdSource ids_;
+  ucx::DeferredIds deferred_ids_;
   ucx::UcxWorker worker_;
   ucx::Regions regions_;
   ucx::Endpoints endpoints_;

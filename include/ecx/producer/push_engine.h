@@ -71,7 +71,7 @@ class PushEngine {
 
   // Failed pushes since the last call (each names its requests).
   std::vector<FailedSave> drain_failures();
-  // Any push not finished, or I/O still in flight.
+  // Any push not finished, I/O still in flight, or a lent output not given back yet.
   bool pending() const;
   // Waits (real time, at most `timeout`) until nothing is pending. True when idle.
   bool wait_idle(Duration timeout) const;

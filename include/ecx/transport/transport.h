@@ -18,7 +18,8 @@
 // block. All public member functions are thread-safe and may be called from any
 // thread, including from inside a callback. register_region, deregister_region,
 // listen and connect wait for the progress thread (bounded by the call timeout);
-// send only enqueues (bounded queue: resource_exhausted when full).
+// send, and the deferred (de)registration where a backend has it, only enqueue
+// (bounded queue: resource_exhausted when full).
 //
 // Memory. A region is registered once and may be the source of any number of
 // sends; it must stay registered (and allocated) until every send from it has
@@ -127,6 +128,20 @@ class Transport {
   virtual Result<RegionHandle> register_region(void* base, std::uint64_t size, MemoryKind kind) = 0;
   // conflict while a send from the region is still in flight.
   virtual Status deregister_region(RegionHandle region) = 0;
+
+  // For memory registered per payload (an engine's output sent from where it lies):
+  // the same two calls without waiting for the progress thread, where the backend
+  // can defer them. register_region_deferred checks its arguments and returns the
+  // handle at once; the registration is made before any send queued after it runs,
+  // and if it fails those sends fail (on_sent), naming the reason.
+  // deregister_region_then runs `done` (on any thread, exactly once) with what
+  // deregister_region would have returned. Defaults: the waiting calls.
+  virtual Result<RegionHandle> register_region_deferred(void* base, std::uint64_t size, MemoryKind kind) {
+    return register_region(base, size, kind);
+  }
+  virtual void deregister_region_then(RegionHandle region, std::function<void(Status)> done) {
+    done(deregister_region(region));
+  }
 
   // Starts accepting connections on host:port (port 0 = any free port) and returns
   // the address peers pass to connect() (a backend-defined string, e.g.

@@ -7,9 +7,22 @@
 namespace ecx::transport::ucx {
 
 Result<RegionHandle> Regions::add(void* base, std::uint64_t size, MemoryKind kind) {
+  return map(ids_.next(), base, size, kind);
+}
+
+void Regions::add_deferred(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind) {
+  if (auto added = map(id, base, size, kind); !added) failed_.emplace(id, added.status());
+}
+
+const Status* Regions::failed_registration(std::uint64_t id) const {
+  auto found = failed_.find(id);
+  return found == failed_.end() ? nullptr : &found->second;
+}
+
+Result<RegionHandle> Regions::map(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind) {
   ucp_context_h context = worker_.context();
   auto region = std::make_unique<Region>();
-  region->id = ids_.next();
+  region->id = id;
   region->base = static_cast<std::byte*>(base);
   region->size = size;
   region->kind = kind;
@@ -48,6 +61,7 @@ Result<RegionHandle> Regions::add(void* base, std::uint64_t size, MemoryKind kin
 }
 
 Status Regions::remove(RegionHandle handle) {
+  if (failed_.erase(handle.id) != 0) return Status::ok();  // never mapped
   auto found = regions_.find(handle.id);
   if (found == regions_.end()) return not_found(fmt::format("no registered region {}", handle.id));
   if (found->second->in_flight != 0) {

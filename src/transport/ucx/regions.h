@@ -5,6 +5,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -35,8 +36,13 @@ class Regions {
       : worker_(worker), options_(options), ids_(ids) {}
 
   Result<RegionHandle> add(void* base, std::uint64_t size, MemoryKind kind);
+  // add() under an id chosen off the progress thread (see deferred_id()); a failure is
+  // kept, so a send from the region can say why it has none, until remove().
+  void add_deferred(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind);
   // conflict while a send from the region is still in flight.
   Status remove(RegionHandle handle);
+  // Why a deferred registration under `id` failed, if it did.
+  const Status* failed_registration(std::uint64_t id) const;
 
   Region* find(std::uint64_t id);
   // The registered region holding [pointer, pointer + length), if any.
@@ -49,8 +55,22 @@ class Regions {
   UcxWorker& worker_;
   const UcxOptions& options_;
   IdSource& ids_;
+  Result<RegionHandle> map(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind);
+
   std::unordered_map<std::uint64_t, std::unique_ptr<Region>> regions_;
   std::map<std::uintptr_t, std::uint64_t> regions_by_base_;
+  std::unordered_map<std::uint64_t, Status> failed_;  // deferred registrations that failed, until removed
+};
+
+// Ids for deferred registrations, taken on the caller's thread: a range of their own,
+// apart from the progress thread's IdSource.
+class DeferredIds {
+ public:
+  std::uint64_t next() noexcept { return kFirst + next_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  static constexpr std::uint64_t kFirst = std::uint64_t{1} << 62;
+  std::atomic<std::uint64_t> next_{0};
 };
 
 }  // namespace ecx::transport::ucx

@@ -13,7 +13,11 @@ void Transfers::start_send(std::unique_ptr<SendOp> op) {
   op->owner = this;
   Region* region = regions_.find(op->region);
   if (region == nullptr) {
-    finish_unstarted(*op, not_found(fmt::format("send from unregistered region {}", op->region)));
+    const Status* failed = regions_.failed_registration(op->region);
+    finish_unstarted(*op, failed != nullptr ? Status(failed->code(), fmt::format("send from region {}, whose "
+                                                                                 "registration failed: {}",
+                                                                                 op->region, failed->message()))
+                                            : not_found(fmt::format("send from unregistered region {}", op->region)));
     return;
   }
   if (op->offset > region->size || op->length > region->size - op->offset) {

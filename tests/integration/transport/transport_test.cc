@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -392,6 +393,43 @@ TEST_P(SenderTest, DeliversAndTheReceiverVerifies) {
   auto again = transport_->connect(address_);
   ASSERT_TRUE(again);
   EXPECT_EQ(*again, endpoint_) << "a working endpoint is reused";
+}
+
+// Per-payload registration without waiting for the progress thread: the region is in
+// place for the send queued after it, is removed the same way, and one that cannot be
+// made fails its sends naming why.
+TEST_P(SenderTest, ADeferredRegistrationServesTheSendQueuedAfterItAndIsRemovedWithoutWaiting) {
+  ASSERT_TRUE(transport_->deregister_region(region_));
+  auto deferred = transport_->register_region_deferred(slab_->data(), slab_->size(), MemoryKind::host);
+  ASSERT_TRUE(deferred) << deferred.status().to_string();
+  region_ = *deferred;
+  auto completion = send(1, 1'000'000, 0, 30s);
+  ASSERT_TRUE(completion->wait(30s));
+  EXPECT_TRUE(completion->status->is_ok()) << completion->status->to_string();
+  EXPECT_EQ(receiver_->read_line(30s).value_or(""), "landed 1 ok verified");
+
+  std::promise<Status> removed;
+  transport_->deregister_region_then(region_, [&removed](const Status& s) { removed.set_value(s); });
+  auto outcome = removed.get_future();
+  ASSERT_EQ(outcome.wait_for(30s), std::future_status::ready);
+  EXPECT_TRUE(outcome.get().is_ok());
+  auto after = send(2, 4096, 0, 30s);
+  ASSERT_TRUE(after->wait(30s));
+  EXPECT_EQ(after->status->code(), StatusCode::not_found) << after->status->to_string();
+
+  EXPECT_FALSE(transport_->register_region_deferred(nullptr, 4096, MemoryKind::host)) << "checked at once";
+  if (transport_->capabilities().device_memory) return;  // a CUDA-capable UCX would map it
+  auto unmappable = transport_->register_region_deferred(slab_->data(), slab_->size(), MemoryKind::cuda);
+  ASSERT_TRUE(unmappable) << "accepted now, made later";
+  region_ = *unmappable;
+  auto refused = send(3, 4096, 0, 30s);
+  ASSERT_TRUE(refused->wait(30s));
+  EXPECT_FALSE(refused->status->is_ok());
+  EXPECT_NE(refused->status->message().find("registration failed"), std::string::npos) << refused->status->to_string();
+  EXPECT_NE(refused->status->message().find("CUDA"), std::string::npos) << refused->status->to_string();
+  std::promise<Status> forgotten;
+  transport_->deregister_region_then(region_, [&forgotten](const Status& s) { forgotten.set_value(s); });
+  EXPECT_TRUE(forgotten.get_future().get().is_ok()) << "a failed registration is forgotten like a made one";
 }
 
 TEST_P(SenderTest, StuckReceiverFailsTheSendAtItsDeadline) {
