@@ -24,6 +24,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -235,6 +236,11 @@ ThreadKind thread_kind(const std::string& name) {
   return {name, false};
 }
 
+// A sleeps/item cell.
+std::string sleeps_text(std::optional<double> sleeps) {
+  return sleeps ? fmt::format("{:.2f}", *sleeps) : std::string("-");
+}
+
 // One phase's CPU per item, thread by thread, then ECX's, the simulated engine's and
 // both: the machine's cost of an item, and the rate this host's CPUs allow at it.
 void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& raws) {
@@ -256,8 +262,7 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
                    std::optional<double> sleeps) {
       (is_sim ? simulator : ecx) += us;
       if (us < 0.05 && sleeps.value_or(0.0) < 0.005) return;
-      table.print_row(std::cout, {size, phase, process, label, fmt::format("{:.1f}", us),
-                                  sleeps ? fmt::format("{:.2f}", *sleeps) : std::string("-")});
+      table.print_row(std::cout, {size, phase, process, label, fmt::format("{:.1f}", us), sleeps_text(sleeps)});
     };
     auto total_row = [&](const char* process, const std::string& label, const std::string& value) {
       table.print_row(std::cout, {size, phase, process, label, value, "-"});
@@ -301,15 +306,16 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
     if (k < raws.size() && raws[k].is_object() && raws[k].contains("cpu_us_per_item")) {
       const json& r = raws[k];
       const double raw = r.value("cpu_us_per_item", 0.0);
-      const auto sleeps = [&r](const char* key) {
-        return r.contains(key) ? fmt::format("{:.2f}", r.value(key, 0.0)) : std::string("-");
+      const auto sleeps = [&r](const char* key) -> std::optional<double> {
+        if (!r.contains(key)) return std::nullopt;
+        return r.value(key, 0.0);
       };
       table.print_row(std::cout, {size, phase, "raw", "the raw data plane", fmt::format("{:.1f}", raw),
-                                  sleeps("sleeps_per_message")});
-      table.print_row(std::cout, {size, phase, "raw", "UCX progress, receiver", "-",
-                                  sleeps("receiver_progress_sleeps_per_message")});
-      table.print_row(std::cout,
-                      {size, phase, "raw", "UCX progress, sender", "-", sleeps("sender_progress_sleeps_per_message")});
+                                  sleeps_text(sleeps("sleeps_per_message"))});
+      for (const auto& [label, key] : {std::pair{"UCX progress, receiver", "receiver_progress_sleeps_per_message"},
+                                       std::pair{"UCX progress, sender", "sender_progress_sleeps_per_message"}}) {
+        if (const auto n = sleeps(key)) table.print_row(std::cout, {size, phase, "raw", label, "-", sleeps_text(n)});
+      }
       if (raw > 0 && many) {
         total_row("raw", fmt::format("items/s {} CPUs allow at this cost", cpus),
                   fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / raw));

@@ -248,6 +248,12 @@ std::uint64_t sum_over_threads(const std::map<std::string, std::uint64_t>& by_th
   return total;
 }
 
+// The UCX progress thread's figure (0 where it did not run).
+std::uint64_t progress_thread_of(const std::map<std::string, std::uint64_t>& by_thread) {
+  const auto found = by_thread.find(std::string(kProgressThread));
+  return found == by_thread.end() ? 0 : found->second;
+}
+
 double percentile(std::vector<double> values, double rank) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -361,10 +367,9 @@ int run_consumer(const BenchOptions& options) {
   const auto cpu_to = sim::ThreadCpu::now();
   const std::uint64_t cpu_ns = cpu_from ? sum_over_threads(cpu_to.used_since(*cpu_from)) : 0;
   const auto sleeps = cpu_from ? cpu_to.sleeps_since(*cpu_from) : std::map<std::string, std::uint64_t>{};
-  const auto progress = sleeps.find(std::string(kProgressThread));
   std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << " delivery_us "
             << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << " cpu_ns " << cpu_ns << " sleeps "
-            << sum_over_threads(sleeps) << " " << (progress == sleeps.end() ? 0 : progress->second) << std::endl;
+            << sum_over_threads(sleeps) << " " << progress_thread_of(sleeps) << std::endl;
   return 0;
 }
 
@@ -509,11 +514,9 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   }
   if (sleeps_word == "sleeps" && count > 0) {
     const auto per_message = [count](std::uint64_t n) { return static_cast<double>(n) / static_cast<double>(count); };
-    const auto sender_progress = sender_sleeps.find(std::string(kProgressThread));
     series.sleeps_per_message = per_message(sum_over_threads(sender_sleeps) + receiver_sleeps);
     series.receiver_progress_sleeps_per_message = per_message(receiver_progress_sleeps);
-    series.sender_progress_sleeps_per_message =
-        per_message(sender_progress == sender_sleeps.end() ? 0 : sender_progress->second);
+    series.sender_progress_sleeps_per_message = per_message(progress_thread_of(sender_sleeps));
   }
   return series;
 }
@@ -726,8 +729,9 @@ nlohmann::json to_json(const Series& s) {
   if (s.receiver_progress_sleeps_per_message) {
     j["receiver_progress_sleeps_per_message"] = *s.receiver_progress_sleeps_per_message;
   }
-  if (s.sender_progress_sleeps_per_message)
+  if (s.sender_progress_sleeps_per_message) {
     j["sender_progress_sleeps_per_message"] = *s.sender_progress_sleeps_per_message;
+  }
   return j;
 }
 

@@ -1,6 +1,7 @@
 #include "ecx/producer/push_engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -9,6 +10,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <variant>
 
 #include <fmt/format.h>
@@ -177,9 +179,12 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   std::atomic<bool> lent_registration_works{false};  // see lend_source
   std::atomic<std::uint64_t> lent_returning{0};      // deregistrations queued, their memory not yet back
   std::atomic<int> idle_waiters{0};                  // threads in wait_on_dispatcher()
+  // Deregistration refused (and why), handed to the dispatcher; `any_refused_lent`
+  // spares its every pass the lock.
   std::mutex refused_lent_mutex;
-  std::vector<StagingArea::LentRelease> refused_lent;  // deregistration refused, for the dispatcher
-  std::vector<StagingArea::LentRelease> lent_parked;   // dispatcher only
+  std::vector<std::pair<StagingArea::LentRelease, Status>> refused_lent;
+  std::atomic<bool> any_refused_lent{false};
+  std::vector<StagingArea::LentRelease> lent_parked;  // dispatcher only
   void give_back(StagingArea::LentRelease lent) {
     const auto region = lent.region;
     auto held = std::make_shared<StagingArea::LentRelease>(std::move(lent));
@@ -189,7 +194,8 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         held->give_back();
       } else {
         std::lock_guard lock(refused_lent_mutex);
-        refused_lent.push_back(std::move(*held));
+        refused_lent.emplace_back(std::move(*held), removed);
+        any_refused_lent.store(true);
       }
       // The engine is idle only once its memory is back: wake wait_idle() if it waits
       // (it counts itself in idle_waiters before it reads lent_returning).
@@ -209,9 +215,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     lent.give_back();
   }
   void retry_parked_lent() {
-    {
+    if (any_refused_lent.exchange(false)) {
       std::lock_guard lock(refused_lent_mutex);
-      for (auto& lent : refused_lent) park_lent(std::move(lent), conflict("its deregistration was refused"));
+      for (auto& [lent, why] : refused_lent) park_lent(std::move(lent), why);
       refused_lent.clear();
     }
     auto parked_now = std::move(lent_parked);
@@ -805,8 +811,9 @@ bool PushEngine::pending() const {
 namespace {
 
 // Waits (real time, at most `timeout`) on the dispatcher's inbox_cv until `done()`:
-// the dispatcher notifies it after every batch it handled, finished pushes included;
-// the bounded slices only re-check. Returns done() at the end.
+// the dispatcher notifies it after every batch it handled, finished pushes included,
+// and give_back() when the last lent memory is back; the bounded slices only
+// re-check. Returns done() at the end.
 template <typename Done>
 bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -930,7 +937,7 @@ void PushEngine::shutdown(Duration timeout) {
   auto lent = std::move(s.lent_parked);
   {
     std::lock_guard lock(s.refused_lent_mutex);
-    for (auto& refused : s.refused_lent) lent.push_back(std::move(refused));
+    for (auto& refused : s.refused_lent) lent.push_back(std::move(refused.first));
     s.refused_lent.clear();
   }
   for (auto& rest : s.staging->release_all_lent()) lent.push_back(std::move(rest));

@@ -89,13 +89,12 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     return RegionHandle{id};
   }
 
-  void deregister_region_then(RegionHandle region, std::function<void(Status)> done) override {
-    auto shared_done = std::make_shared<std::function<void(Status)>>(std::move(done));
-    const Status queued = worker_.enqueue([this, region, shared_done](bool run) {
+  void deregister_region_then(RegionHandle region, const std::function<void(Status)>& done) override {
+    const Status queued = worker_.enqueue([this, region, done](bool run) {
       // Not run: the transport is stopping, and its teardown unmaps every region.
-      (*shared_done)(run ? regions_.remove(region) : unavailable("the transport is shutting down"));
+      done(run ? regions_.remove(region) : unavailable("the transport is shutting down"));
     });
-    if (!queued) (*shared_done)(queued);
+    if (!queued) done(queued);  // the command, never queued, never runs
   }
 
   Result<std::string> listen(std::string_view host, int port) override {

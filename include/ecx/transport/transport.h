@@ -139,7 +139,7 @@ class Transport {
   virtual Result<RegionHandle> register_region_deferred(void* base, std::uint64_t size, MemoryKind kind) {
     return register_region(base, size, kind);
   }
-  virtual void deregister_region_then(RegionHandle region, std::function<void(Status)> done) {
+  virtual void deregister_region_then(RegionHandle region, const std::function<void(Status)>& done) {
     done(deregister_region(region));
   }
 

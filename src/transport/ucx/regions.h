@@ -36,8 +36,8 @@ class Regions {
       : worker_(worker), options_(options), ids_(ids) {}
 
   Result<RegionHandle> add(void* base, std::uint64_t size, MemoryKind kind);
-  // add() under an id chosen off the progress thread (see deferred_id()); a failure is
-  // kept, so a send from the region can say why it has none, until remove().
+  // add() under an id chosen off the progress thread (DeferredIds); a failure is kept,
+  // so a send from the region can say why it has none, until remove().
   void add_deferred(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind);
   // conflict while a send from the region is still in flight.
   Status remove(RegionHandle handle);
@@ -52,11 +52,11 @@ class Regions {
   void unmap_all();
 
  private:
+  Result<RegionHandle> map(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind);
+
   UcxWorker& worker_;
   const UcxOptions& options_;
   IdSource& ids_;
-  Result<RegionHandle> map(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind);
-
   std::unordered_map<std::uint64_t, std::unique_ptr<Region>> regions_;
   std::map<std::uintptr_t, std::uint64_t> regions_by_base_;
   std::unordered_map<std::uint64_t, Status> failed_;  // deferred registrations that failed, until removed

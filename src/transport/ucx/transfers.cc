@@ -14,10 +14,11 @@ void Transfers::start_send(std::unique_ptr<SendOp> op) {
   Region* region = regions_.find(op->region);
   if (region == nullptr) {
     const Status* failed = regions_.failed_registration(op->region);
-    finish_unstarted(*op, failed != nullptr ? Status(failed->code(), fmt::format("send from region {}, whose "
-                                                                                 "registration failed: {}",
-                                                                                 op->region, failed->message()))
-                                            : not_found(fmt::format("send from unregistered region {}", op->region)));
+    const Status why = failed == nullptr
+                           ? not_found(fmt::format("send from unregistered region {}", op->region))
+                           : Status(failed->code(), fmt::format("send from region {}, whose registration failed: {}",
+                                                                op->region, failed->message()));
+    finish_unstarted(*op, why);
     return;
   }
   if (op->offset > region->size || op->length > region->size - op->offset) {
