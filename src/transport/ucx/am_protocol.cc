@@ -139,11 +139,8 @@ ucs_status_t AmProtocol::on_confirmed_data_am(void* arg, const void* header, std
     return rendezvous ? UCS_ERR_REJECTED : UCS_OK;
   }
   const auto* bytes = static_cast<const std::byte*>(header);
-  Status verdict = internal_error("no verdict");
-  const ucs_status_t result = self->receive_data(std::span(bytes + kIdBytes, header_length - kIdBytes), data, length,
-                                                 rendezvous, sender, &verdict);
-  self->send_verdict(sender, get_le<std::uint64_t>(bytes), verdict);
-  return result;
+  return self->receive_data(std::span(bytes + kIdBytes, header_length - kIdBytes), data, length, rendezvous, sender,
+                            get_le<std::uint64_t>(bytes));
 }
 
 void AmProtocol::send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict) {
@@ -170,10 +167,13 @@ void AmProtocol::on_verdict_sent(void* request, ucs_status_t /*status*/, void* u
 }
 
 ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* data, std::uint64_t length,
-                                      bool rendezvous, ucp_ep_h sender, Status* verdict) {
+                                      bool rendezvous, ucp_ep_h sender, std::optional<std::uint64_t> confirms) {
+  auto answer = [&](const Status& verdict) {
+    if (confirms) send_verdict(sender, *confirms, verdict);
+  };
   auto turn_away = [&](const Status& why, ucs_status_t rendezvous_answer) {
     stats_.landings_rejected.fetch_add(1);
-    if (verdict != nullptr) *verdict = why;
+    answer(why);
     return rendezvous ? rendezvous_answer : UCS_OK;  // eager bytes are simply dropped
   };
   // The endpoint the payload arrives on, when it is one of ours (socket-address
@@ -194,10 +194,10 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
     transfers_.report_landing(*pending, refusal, /*counted=*/false);
     return turn_away(refusal, refusal_status(refusal));
   }
-  if (verdict != nullptr) *verdict = Status::ok();
   if (!rendezvous) {
     std::memcpy(landing->destination, data, length);
     transfers_.report_landing(*pending, Status::ok());
+    answer(Status::ok());
     return UCS_OK;
   }
   ucp_request_param_t params{};
@@ -213,12 +213,24 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
   void* request = ucp_am_recv_data_nbx(worker_.worker(), data, landing->destination, length, &params);
   if (request == nullptr) {
     transfers_.report_landing(*pending, Status::ok());
+    answer(Status::ok());
   } else if (UCS_PTR_IS_ERR(request)) {
     const Status failed = ucx_error("ucp_am_recv_data_nbx", UCS_PTR_STATUS(request));
-    if (verdict != nullptr) *verdict = failed;
     transfers_.report_landing(*pending, failed);
+    answer(failed);
   } else {
     pending->request = request;
+    if (confirms && sender_endpoint != 0) {
+      // Looked up again when it has landed: the endpoint may have failed meanwhile (its
+      // landings are then cut off, and this never runs).
+      pending->after_landing = [this, sender_endpoint, op_id = *confirms](const Status& landed) {
+        if (const Endpoint* endpoint = endpoints_.find(sender_endpoint); endpoint != nullptr && !endpoint->failed) {
+          send_verdict(endpoint->ep, op_id, landed);
+        }
+      };
+    } else {
+      answer(Status::ok());  // a worker-address peer: its reply endpoint is UCX's, used while it is given
+    }
     transfers_.track_landing(std::move(pending), sender_endpoint, /*watched=*/true);
   }
   return UCS_INPROGRESS;
@@ -231,7 +243,10 @@ void AmProtocol::on_receive_done(void* request, ucs_status_t status, std::size_t
   ucp_request_free(request);
   if (transfers->release_abandoned_landing(id)) return;  // already reported failed
   pending->request = nullptr;
-  transfers->finish_landing(id, status == UCS_OK ? Status::ok() : ucx_error("payload receive failed", status));
+  auto after_landing = std::move(pending->after_landing);  // finish_landing destroys the landing
+  const Status landed = status == UCS_OK ? Status::ok() : ucx_error("payload receive failed", status);
+  transfers->finish_landing(id, landed);
+  if (after_landing) after_landing(landed);
 }
 
 }  // namespace ecx::transport::ucx

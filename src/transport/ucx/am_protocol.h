@@ -5,11 +5,15 @@
 // A confirmed send travels as its own message whose header starts with the send's
 // id; the receiver answers it with a verdict message (accepted, or turned away and
 // why), which the sender needs because an eager send completes without the receiver.
+// A rendezvous payload from one of our endpoints is answered once it has landed, not
+// when it arrives: a verdict sent back while the payload streamed in slowed the stream
+// (a lone 9 MiB payload over tcp took 0.6-1 ms longer).
 
 #include <ucp/api/ucp.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "ecx/core/status.h"
@@ -46,9 +50,9 @@ class AmProtocol final : public SendProtocol {
                                            std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_verdict_am(void* arg, const void* header, std::size_t header_length, void* data,
                                     std::size_t length, const ucp_am_recv_param_t* param);
-  // `verdict` (when given): ok once the payload is accepted, else why it was turned away.
+  // `confirms` (a confirmed send's id): its sender is answered, see the file comment.
   ucs_status_t receive_data(std::span<const std::byte> header, void* data, std::uint64_t length, bool rendezvous,
-                            ucp_ep_h sender, Status* verdict = nullptr);
+                            ucp_ep_h sender, std::optional<std::uint64_t> confirms = std::nullopt);
   void send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict);
   void take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status verdict);
   static void on_verdict_sent(void* request, ucs_status_t status, void* user_data);

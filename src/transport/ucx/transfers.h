@@ -8,6 +8,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -59,6 +60,9 @@ struct PendingLanding {
   std::uint64_t endpoint = 0;  // the writing peer (0: unknown, a worker-address peer)
   void* request = nullptr;     // am mode: the UCX receive still fetching into the landing
   std::optional<TimePoint> deadline;
+  // am mode: runs once the bytes are in and the landing was reported, with its result
+  // (a confirmed send's verdict; not run for a landing cut off with its peer).
+  std::function<void(const Status&)> after_landing;
 };
 
 // How a started send's bytes reach the peer.
