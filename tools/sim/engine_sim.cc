@@ -1078,9 +1078,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   // request any more, so the worker metadata's failed_saves would miss it.
   result.failed_saves = counters.pushes.failed + counters.topology_failures + counters.staging_failures;
   log->info(
-      "producer: {} submitted, {} sources bound ({} unused), pushes {} started / {} done / {} failed / {} active, "
-      "{} payloads sent, {} I/O in flight, {} discovery failures, {} staging failures",
-      counters.submitted, counters.sources_bound, counters.sources_unused, counters.pushes.started,
+      "producer: {} submitted, {} sources bound ({} lent, {} unused), pushes {} started / {} done / {} failed / {} "
+      "active, {} payloads sent, {} I/O in flight, {} discovery failures, {} staging failures",
+      counters.submitted, counters.sources_bound, counters.sources_lent, counters.sources_unused, counters.pushes.started,
       counters.pushes.done, counters.pushes.failed, counters.pushes.active, counters.pushes.payloads_sent,
       counters.pushes.io_in_flight, counters.topology_failures, counters.staging_failures);
   const auto done = json{{"done", true}, {"requests", result.requests}}.dump();
