@@ -1080,9 +1080,10 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   log->info(
       "producer: {} submitted, {} sources bound ({} lent, {} unused), pushes {} started / {} done / {} failed / {} "
       "active, {} payloads sent, {} I/O in flight, {} discovery failures, {} staging failures",
-      counters.submitted, counters.sources_bound, counters.sources_lent, counters.sources_unused, counters.pushes.started,
-      counters.pushes.done, counters.pushes.failed, counters.pushes.active, counters.pushes.payloads_sent,
-      counters.pushes.io_in_flight, counters.topology_failures, counters.staging_failures);
+      counters.submitted, counters.sources_bound, counters.sources_lent, counters.sources_unused,
+      counters.pushes.started, counters.pushes.done, counters.pushes.failed, counters.pushes.active,
+      counters.pushes.payloads_sent, counters.pushes.io_in_flight, counters.topology_failures,
+      counters.staging_failures);
   const auto done = json{{"done", true}, {"requests", result.requests}}.dump();
   admit.send(zmq::buffer(done), zmq::send_flags::none);
   result.wall_s = duration_to_seconds(o.clock->now() - started);
