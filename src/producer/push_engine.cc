@@ -114,9 +114,14 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   std::unique_ptr<StagingArea> staging;  // encoder outputs until their pushes finish
   transport::RegionHandle staging_region;
 
-  // Dispatcher queue.
+  // Dispatcher queue. Only the dispatcher waits on inbox_cv. Threads waiting for its
+  // progress (wait_idle, wait_active_below) wait on progress_cv, under the same mutex,
+  // woken only by a pass that finished a push or left nothing queued: on one shared
+  // variable every enqueue woke them too, about 65 us of an engine thread's CPU per
+  // 9 MiB item with 32 in flight, each wake finding nothing changed.
   mutable std::mutex inbox_mutex;
   mutable std::condition_variable inbox_cv;
+  mutable std::condition_variable progress_cv;
   std::deque<InboxItem> inbox;
   bool stopping = false;
   bool accepting = true;
@@ -157,7 +162,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       inbox.push_back(std::move(item));
       in_progress.fetch_add(1, std::memory_order_acq_rel);
     }
-    inbox_cv.notify_all();
+    inbox_cv.notify_one();
     return true;
   }
 
@@ -201,7 +206,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       // (it counts itself in idle_waiters before it reads lent_returning).
       if (lent_returning.fetch_sub(1) == 1 && idle_waiters.load() > 0) {
         std::lock_guard lock(inbox_mutex);
-        inbox_cv.notify_all();
+        progress_cv.notify_all();
       }
     });
   }
@@ -244,6 +249,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       std::deque<InboxItem> batch;
       batch.swap(inbox);
       lock.unlock();
+      const std::uint64_t active_before = pushes.counters().active;
       Actions actions;
       for (auto& item : batch) {
         std::visit([&](auto& value) { handle(value, actions); }, item);
@@ -252,9 +258,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       execute(std::move(actions));
       retry_parked_lent();
       update_parked();
-      in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel);
+      const bool settled = in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel) == batch.size();
+      const bool progressed = settled || pushes.counters().active < active_before;
       lock.lock();
-      inbox_cv.notify_all();  // wake wait_idle()
+      if (progressed && idle_waiters.load() > 0) progress_cv.notify_all();
     }
   }
 
@@ -810,10 +817,10 @@ bool PushEngine::pending() const {
 
 namespace {
 
-// Waits (real time, at most `timeout`) on the dispatcher's inbox_cv until `done()`:
-// the dispatcher notifies it after every batch it handled, finished pushes included,
-// and give_back() when the last lent memory is back; the bounded slices only
-// re-check. Returns done() at the end.
+// Waits (real time, at most `timeout`) on progress_cv until `done()`: the dispatcher
+// notifies it after a pass that finished a push or emptied its queue, and
+// give_back() when the last lent memory is back; the bounded slices only re-check.
+// Returns done() at the end.
 template <typename Done>
 bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -824,7 +831,7 @@ bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
     ~Leave() { waiters.fetch_sub(1); }
   } leave{s.idle_waiters};
   while (!done()) {
-    if (s.inbox_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
+    if (s.progress_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
             std::cv_status::timeout &&
         std::chrono::steady_clock::now() >= deadline) {
       return done();
@@ -929,6 +936,7 @@ void PushEngine::shutdown(Duration timeout) {
     s.stopping = true;
   }
   s.inbox_cv.notify_all();
+  s.progress_cv.notify_all();
   if (s.dispatcher.joinable()) s.dispatcher.join();
   s.client.reset();
   if (s.transport && s.staging_region.valid()) (void)s.transport->deregister_region(s.staging_region);
