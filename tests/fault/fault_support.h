@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include <zmq.hpp>
 
 #include "ecx/core/config.h"
+#include "sim/admit_message.h"
 #include "sim/process.h"
 
 namespace ecx::fault {
@@ -160,8 +162,8 @@ inline std::map<std::string, double> scrape_metrics(int port) {
 }
 
 // The admit channel a proxy would own: the producer forwards every finished request
-// here ({"request_id", "items": [{mm_hash, transfer_id, shape, dtype}], ...}), then
-// {"done": true}. The producer connects a DEALER (it reads the consumer's answers on
+// here (sim::AdmitRequest: request_id, items with mm_hash, transfer_id and spec, ...),
+// then sim::AdmitDone. The producer connects a DEALER (it reads the consumer's answers on
 // the same channel); this channel answers nothing.
 class AdmitChannel {
  public:
@@ -171,17 +173,17 @@ class AdmitChannel {
     endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
   }
   const std::string& endpoint() const { return endpoint_; }
-  // The next message, or nullopt after `timeout`.
-  std::optional<json> next(std::chrono::milliseconds timeout) {
+  // The next message, or nullopt after `timeout` (or for one it cannot read).
+  std::optional<std::variant<sim::AdmitRequest, sim::AdmitDone>> next(std::chrono::milliseconds timeout) {
     zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) <= 0) return std::nullopt;
     zmq::message_t identity;  // the producer's routing id (a ROUTER, as the consumer simulator)
     if (!socket_.recv(identity, zmq::recv_flags::dontwait) || !identity.more()) return std::nullopt;
     zmq::message_t message;
     if (!socket_.recv(message, zmq::recv_flags::dontwait)) return std::nullopt;
-    auto doc = json::parse(message.to_string_view(), nullptr, false);
-    if (doc.is_discarded()) return std::nullopt;
-    return doc;
+    auto decoded = sim::decode_admit(message.to_string_view());
+    if (!decoded) return std::nullopt;
+    return std::move(*decoded);
   }
 
  private:

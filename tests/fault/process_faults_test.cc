@@ -420,13 +420,11 @@ TEST(SameImageInFiftyRequests, OneWriteOneLandingEveryTransferServed) {
   while (!done) {
     auto message = admit.next(30s);
     ASSERT_TRUE(message.has_value()) << "the producer stopped admitting";
-    if (message->value("done", false)) {
+    if (std::holds_alternative<sim::AdmitDone>(*message)) {
       done = true;
       break;
     }
-    for (const auto& item : message->at("items")) {
-      transfers[item.at("transfer_id").get<std::string>()] = item.at("mm_hash").get<std::string>();
-    }
+    for (const auto& item : std::get<sim::AdmitRequest>(*message).items) transfers[item.transfer_id] = item.mm_hash;
   }
   const auto line = producer_result(*producer, 30s);
   EXPECT_EQ(producer->wait(5s).value_or(-1), 0);

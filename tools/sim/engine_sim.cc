@@ -29,6 +29,7 @@
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
 #include "ecx/store/store_config.h"
+#include "sim/admit_message.h"
 #include "sim/thread_cpu.h"
 
 namespace ecx::sim {
@@ -45,13 +46,6 @@ constexpr auto kIdleStepCap = std::chrono::milliseconds(10);
 constexpr std::uint64_t kFullCheckEvery = 16;  // ContentCheck::sampled
 // Longest wait, after the run, for the shards to answer the scheduler's last cancels.
 constexpr auto kSettleLimit = std::chrono::seconds(5);
-
-json item_json(const Item& item) {
-  return json{{"mm_hash", item.mm_hash},
-              {"transfer_id", item.transfer_id},
-              {"shape", item.spec.shape()},
-              {"dtype", std::string(dtype_name(item.spec.dtype()))}};
-}
 
 std::vector<scheduler::MmFeature> features_of(const std::vector<Item>& items) {
   std::vector<scheduler::MmFeature> out;
@@ -367,39 +361,32 @@ struct ConsumerSim::State {
         if (!admit.recv(extra, zmq::recv_flags::dontwait)) break;
         if (!extra.more()) break;
       }
-      json doc = json::parse(message.to_string_view(), nullptr, false);
-      if (doc.is_discarded() || !doc.is_object()) {
-        log->warn("ignoring an unreadable admit message");
+      auto decoded = decode_admit(message.to_string_view());
+      if (!decoded) {
+        log->warn("ignoring an unreadable admit message: {}", decoded.status().to_string());
         continue;
       }
-      if (doc.value("done", false)) {
+      if (const auto* done = std::get_if<AdmitDone>(&*decoded)) {
         // Done once every producer said so; the requests expected are all of theirs.
-        expected += doc.value("requests", std::uint64_t{0});
+        expected += done->requests;
         producer_done = ++producers_done >= std::max(1, options.producers);
         continue;
       }
+      auto& request = std::get<AdmitRequest>(*decoded);
       Pending p;
       p.admitted = options.clock->now();
-      if (const auto stamp = doc.find("encoded_at_ns"); stamp != doc.end() && stamp->is_number_integer()) {
-        p.encoded = TimePoint(Duration(stamp->get<std::int64_t>()));
-      }
+      if (request.encoded_at_ns) p.encoded = TimePoint(Duration(*request.encoded_at_ns));
       p.sender = identity.to_string();
-      p.wants_answer = doc.value("answer", false);
-      for (const auto& it : doc.at("items")) {
-        std::vector<std::int64_t> shape = it.at("shape").get<std::vector<std::int64_t>>();
-        auto dtype = parse_dtype(it.at("dtype").get<std::string>());
-        auto spec = TensorSpec::make(std::move(shape), dtype.value_or(DType::uint8), ~0ULL);
-        if (!spec) continue;
-        // A store item names no transfer.
-        p.items.push_back(Item{it.at("mm_hash").get<std::string>(), it.value("transfer_id", std::string()), *spec});
-      }
-      p.view.request_id = doc.at("request_id").get<std::string>();
+      p.wants_answer = request.wants_answer;
+      p.items = std::move(request.items);  // a store item names no transfer
+      p.view.request_id = std::move(request.request_id);
       p.view.mm_features = features_of(p.items);
       // What a proxy forwards: the encoder's ec_items (mm_hash + transfer_id), or
       // {mm_hash, "store": true} for an item it found in the store.
       json params = json::object();
-      if (auto found = doc.find("ec_transfer_params"); found != doc.end() && found->is_object()) {
-        params["ec_items"] = found->value("ec_items", json::array());
+      if (!request.ec_transfer_params.empty()) {
+        const json encoder = json::parse(request.ec_transfer_params, nullptr, false);
+        if (encoder.is_object()) params["ec_items"] = encoder.value("ec_items", json::array());
       }
       set_ec_transfer_params(p.view, params);
       ++result.progress.requests_admitted;
@@ -414,7 +401,7 @@ struct ConsumerSim::State {
     // would cost both processes a message per request.
     if (!p.wants_answer) return;
     const auto started = thread_cpu_ns();
-    const auto text = json{{"resolved", p.view.request_id}, {"ready", ready}}.dump();
+    const auto text = encode_answer(AdmitAnswer{p.view.request_id, ready});
     try {
       if (admit.send(zmq::buffer(p.sender), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
         (void)admit.send(zmq::buffer(text), zmq::send_flags::dontwait);
@@ -871,8 +858,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   auto take_answers = [&] {
     zmq::message_t answer;
     while (admit.recv(answer, zmq::recv_flags::dontwait)) {
-      json doc = json::parse(answer.to_string_view(), nullptr, false);
-      if (doc.is_object() && doc.contains("resolved")) unresolved.erase(doc.value("resolved", std::string()));
+      if (auto decoded = decode_answer(answer.to_string_view())) unresolved.erase(decoded->request_id);
     }
   };
   // zero_copy_saves: the encoder writes its outputs into memory it lends to ECX.
@@ -935,17 +921,14 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
           std::all_of(r->items.begin(), r->items.end(),
                       [&](const Item& item) { return proxy_index->present(item.mm_hash); })) {
         // Every image is in the store: the proxy sends the request straight on.
-        json message{{"request_id", r->request_id}, {"items", json::array()}};
+        AdmitRequest message{r->request_id, std::nullopt, o.max_unresolved > 0, r->items, {}};
         json items = json::array();
-        for (const auto& item : r->items) {
-          json entry = item_json(item);
-          entry.erase("transfer_id");
-          message["items"].push_back(std::move(entry));
+        for (auto& item : message.items) {
+          item.transfer_id.clear();
           items.push_back({{"mm_hash", item.mm_hash}, {"store", true}});
         }
-        message["ec_transfer_params"] = json{{"ec_items", std::move(items)}};
-        if (o.max_unresolved > 0) message["answer"] = true;
-        const auto text = message.dump();
+        message.ec_transfer_params = json{{"ec_items", std::move(items)}}.dump();
+        const auto text = encode_admit(message);
         admit.send(zmq::buffer(text), zmq::send_flags::none);
         if (o.max_unresolved > 0) unresolved.insert(r->request_id);
         ++result.encoder_hops_skipped;
@@ -1029,13 +1012,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const auto params = scheduler.request_finished(views[b]);
       const auto admit_started = thread_cpu_ns();
-      json message{{"request_id", batch[b]->request_id},
-                   {"items", json::array()},
-                   {"encoded_at_ns", encoded_at[b].time_since_epoch().count()}};
-      for (const auto& item : batch[b]->items) message["items"].push_back(item_json(item));
-      if (params.params) message["ec_transfer_params"] = json::parse(*params.params);
-      if (o.max_unresolved > 0) message["answer"] = true;  // paced by the outcomes: answer each
-      const auto text = message.dump();
+      // Paced by the outcomes (max_unresolved): the consumer answers each.
+      const auto text = encode_admit(AdmitRequest{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
+                                                  o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
       admit.send(zmq::buffer(text), zmq::send_flags::none);
       result.sim_ns += thread_cpu_ns() - admit_started;
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
@@ -1084,7 +1063,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       counters.pushes.started, counters.pushes.done, counters.pushes.failed, counters.pushes.active,
       counters.pushes.payloads_sent, counters.pushes.io_in_flight, counters.topology_failures,
       counters.staging_failures);
-  const auto done = json{{"done", true}, {"requests", result.requests}}.dump();
+  const auto done = encode_admit(AdmitDone{result.requests});
   admit.send(zmq::buffer(done), zmq::send_flags::none);
   result.wall_s = duration_to_seconds(o.clock->now() - started);
   scheduler.close();

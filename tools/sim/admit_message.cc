@@ -1,0 +1,185 @@
+#include "sim/admit_message.h"
+
+#include <fmt/format.h>
+#include <msgpack.hpp>
+
+#include "ecx/core/dtype.h"
+
+namespace ecx::sim {
+namespace {
+
+// The first element of every message's array.
+enum class Kind : std::uint8_t { request = 0, done = 1, answer = 2 };
+
+struct Sink {
+  std::string* out;
+  void write(const char* data, std::size_t size) { out->append(data, size); }
+};
+using Packer = msgpack::packer<Sink>;
+
+void put_str(Packer& pk, std::string_view s) {
+  pk.pack_str(static_cast<std::uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<std::uint32_t>(s.size()));
+}
+
+using Obj = msgpack::object;
+
+Status bad(std::string_view what) { return invalid_argument(fmt::format("admit message: {}", what)); }
+
+Result<std::string> str_of(const Obj& o, std::string_view what) {
+  if (o.type != msgpack::type::STR) return bad(fmt::format("{} must be a string", what));
+  return std::string(o.via.str.ptr, o.via.str.size);
+}
+
+Result<const msgpack::object_array*> array_of(const Obj& o, std::uint32_t min_size, std::string_view what) {
+  if (o.type != msgpack::type::ARRAY || o.via.array.size < min_size) {
+    return bad(fmt::format("{} must be an array of at least {} elements", what, min_size));
+  }
+  return &o.via.array;
+}
+
+Result<Item> item_of(const Obj& o) {
+  auto fields = array_of(o, 4, "an item");
+  if (!fields) return fields.status();
+  const Obj* f = (*fields)->ptr;
+  auto mm_hash = str_of(f[0], "an item's mm_hash");
+  if (!mm_hash) return mm_hash.status();
+  auto transfer_id = str_of(f[1], "an item's transfer_id");
+  if (!transfer_id) return transfer_id.status();
+  auto dtype_name = str_of(f[2], "an item's dtype");
+  if (!dtype_name) return dtype_name.status();
+  auto dtype = parse_dtype(*dtype_name);
+  if (!dtype) return dtype.status();
+  auto dims = array_of(f[3], 1, "an item's shape");
+  if (!dims) return dims.status();
+  std::vector<std::int64_t> shape;
+  for (std::uint32_t i = 0; i < (*dims)->size; ++i) {
+    if ((*dims)->ptr[i].type != msgpack::type::POSITIVE_INTEGER) return bad("a shape's dimensions must be positive");
+    shape.push_back(static_cast<std::int64_t>((*dims)->ptr[i].via.u64));
+  }
+  auto spec = TensorSpec::make(std::move(shape), *dtype, ~0ULL);
+  if (!spec) return spec.status();
+  return Item{std::move(*mm_hash), std::move(*transfer_id), std::move(*spec)};
+}
+
+// The message's array and its kind; `handle` keeps what they point into alive.
+Result<std::pair<const msgpack::object_array*, Kind>> open(std::string_view message, msgpack::object_handle& handle) {
+  try {
+    handle = msgpack::unpack(message.data(), message.size());
+  } catch (const std::exception& e) {
+    return bad(fmt::format("not msgpack ({})", e.what()));
+  }
+  auto fields = array_of(handle.get(), 2, "the message");
+  if (!fields) return fields.status();
+  const Obj& kind = (*fields)->ptr[0];
+  if (kind.type != msgpack::type::POSITIVE_INTEGER || kind.via.u64 > static_cast<std::uint64_t>(Kind::answer)) {
+    return bad("unknown kind");
+  }
+  return std::pair{*fields, static_cast<Kind>(kind.via.u64)};
+}
+
+}  // namespace
+
+std::string encode_admit(const AdmitRequest& request) {
+  std::string out;
+  Sink sink{&out};
+  Packer pk(sink);
+  pk.pack_array(6);
+  pk.pack(static_cast<std::uint8_t>(Kind::request));
+  put_str(pk, request.request_id);
+  if (request.encoded_at_ns) {
+    pk.pack(*request.encoded_at_ns);
+  } else {
+    pk.pack_nil();
+  }
+  if (request.wants_answer) {
+    pk.pack_true();
+  } else {
+    pk.pack_false();
+  }
+  pk.pack_array(static_cast<std::uint32_t>(request.items.size()));
+  for (const auto& item : request.items) {
+    pk.pack_array(4);
+    put_str(pk, item.mm_hash);
+    put_str(pk, item.transfer_id);
+    put_str(pk, dtype_name(item.spec.dtype()));
+    pk.pack_array(static_cast<std::uint32_t>(item.spec.shape().size()));
+    for (const auto dim : item.spec.shape()) pk.pack(static_cast<std::uint64_t>(dim));
+  }
+  put_str(pk, request.ec_transfer_params);
+  return out;
+}
+
+std::string encode_admit(const AdmitDone& done) {
+  std::string out;
+  Sink sink{&out};
+  Packer pk(sink);
+  pk.pack_array(2);
+  pk.pack(static_cast<std::uint8_t>(Kind::done));
+  pk.pack(done.requests);
+  return out;
+}
+
+std::string encode_answer(const AdmitAnswer& answer) {
+  std::string out;
+  Sink sink{&out};
+  Packer pk(sink);
+  pk.pack_array(3);
+  pk.pack(static_cast<std::uint8_t>(Kind::answer));
+  put_str(pk, answer.request_id);
+  if (answer.ready) {
+    pk.pack_true();
+  } else {
+    pk.pack_false();
+  }
+  return out;
+}
+
+Result<std::variant<AdmitRequest, AdmitDone>> decode_admit(std::string_view message) {
+  msgpack::object_handle handle;
+  auto opened = open(message, handle);
+  if (!opened) return opened.status();
+  const auto [fields, kind] = *opened;
+  const Obj* f = fields->ptr;
+  if (kind == Kind::done) {
+    if (f[1].type != msgpack::type::POSITIVE_INTEGER) return bad("a done message's count must be a number");
+    return std::variant<AdmitRequest, AdmitDone>(AdmitDone{f[1].via.u64});
+  }
+  if (kind != Kind::request || fields->size < 6) return bad("expected a request or a done message");
+  AdmitRequest request;
+  auto id = str_of(f[1], "the request_id");
+  if (!id) return id.status();
+  request.request_id = std::move(*id);
+  if (f[2].type == msgpack::type::POSITIVE_INTEGER || f[2].type == msgpack::type::NEGATIVE_INTEGER) {
+    request.encoded_at_ns = f[2].as<std::int64_t>();
+  } else if (f[2].type != msgpack::type::NIL) {
+    return bad("encoded_at_ns must be a number or nil");
+  }
+  if (f[3].type != msgpack::type::BOOLEAN) return bad("the answer flag must be a boolean");
+  request.wants_answer = f[3].via.boolean;
+  auto items = array_of(f[4], 0, "the items");
+  if (!items) return items.status();
+  for (std::uint32_t i = 0; i < (*items)->size; ++i) {
+    auto item = item_of((*items)->ptr[i]);
+    if (!item) return item.status();
+    request.items.push_back(std::move(*item));
+  }
+  auto params = str_of(f[5], "ec_transfer_params");
+  if (!params) return params.status();
+  request.ec_transfer_params = std::move(*params);
+  return std::variant<AdmitRequest, AdmitDone>(std::move(request));
+}
+
+Result<AdmitAnswer> decode_answer(std::string_view message) {
+  msgpack::object_handle handle;
+  auto opened = open(message, handle);
+  if (!opened) return opened.status();
+  const auto [fields, kind] = *opened;
+  if (kind != Kind::answer || fields->size < 3) return bad("expected an answer");
+  auto id = str_of(fields->ptr[1], "the request_id");
+  if (!id) return id.status();
+  if (fields->ptr[2].type != msgpack::type::BOOLEAN) return bad("the ready flag must be a boolean");
+  return AdmitAnswer{std::move(*id), fields->ptr[2].via.boolean};
+}
+
+}  // namespace ecx::sim
