@@ -181,12 +181,16 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   // --- ProgressHooks (progress thread) -------------------------------------------------
 
-  bool handle_deferred() override { return endpoints_.handle_deferred(); }
+  bool handle_deferred() override {
+    const bool answered = am_ && am_->send_held_verdicts();  // what the progress pass decided
+    return endpoints_.handle_deferred() || answered;
+  }
   void expire_deadlines() override { transfers_.expire_deadlines(); }
   bool busy() const override { return transfers_.busy() || endpoints_.closing(); }
   std::optional<TimePoint> next_deadline() const override { return transfers_.next_send_deadline(); }
 
   void shut_down() override {
+    if (am_) am_->send_held_verdicts();
     endpoints_.refuse_connections();
     worker_.close_queue();
     // A send completes at the sender once UCX holds its bytes, not once the peer
@@ -204,7 +208,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     while ((endpoints_.closing() || transfers_.unfinished() || worker_.flush_pending()) &&
            std::chrono::steady_clock::now() < give_up) {
       worker_.progress();
-      endpoints_.handle_deferred();
+      handle_deferred();
     }
     // UCX 1.13 aborts the process when a worker is destroyed while an endpoint still
     // holds requests (a peer that is stopped answers neither the flush nor the close).

@@ -14,21 +14,50 @@ namespace {
 
 // The active messages of `am` mode (put mode uses 18..20, see put_protocol.cc).
 constexpr unsigned kDataAm = 17;
-constexpr unsigned kConfirmedDataAm = 21;  // header: the send's id (u64 LE), then the payload header
+constexpr unsigned kConfirmedDataAm = 21;  // header: the send's id (u64 LE, bit 63 see below), the payload header
 constexpr unsigned kVerdictAm = 22;        // header: the send's id (u64 LE), status code (u8), reason (UTF-8)
+// header: verdicts, each the send's id (u64 LE), status code (u8), reason length (u16
+// LE) and reason (UTF-8)
+constexpr unsigned kVerdictBatchAm = 23;
 constexpr std::size_t kIdBytes = 8;
 constexpr std::size_t kMaxVerdictReason = 256;
+// Bit 63 of a confirmed send's id: its sender reads kVerdictBatchAm. Ids are counted
+// from 1 and never reach it; a receiver that does not know the bit echoes it, so the
+// sender masks it off every verdict.
+constexpr std::uint64_t kBatchesWelcome = std::uint64_t{1} << 63;
+// A batch larger than this goes as several messages (an eager header stays small).
+constexpr std::size_t kMaxVerdictBatchBytes = 4096;
 
 using byte_order::get_le;
 using byte_order::put_le;
 
+std::string_view reason_of(const Status& verdict) {
+  return std::string_view(verdict.message()).substr(0, kMaxVerdictReason);
+}
+
 std::vector<std::byte> encode_verdict(std::uint64_t op_id, const Status& verdict) {
-  const std::string_view reason = std::string_view(verdict.message()).substr(0, kMaxVerdictReason);
+  const std::string_view reason = reason_of(verdict);
   std::vector<std::byte> out(kIdBytes + 1 + reason.size());
   put_le(out.data(), op_id);
   out[kIdBytes] = static_cast<std::byte>(verdict.code());
   std::memcpy(out.data() + kIdBytes + 1, reason.data(), reason.size());
   return out;
+}
+
+void append_batch_entry(std::vector<std::byte>& out, std::uint64_t op_id, const Status& verdict) {
+  const std::string_view reason = reason_of(verdict);
+  const std::size_t at = out.size();
+  out.resize(at + kIdBytes + 1 + 2 + reason.size());
+  put_le(out.data() + at, op_id);
+  out[at + kIdBytes] = static_cast<std::byte>(verdict.code());
+  put_le(out.data() + at + kIdBytes + 1, static_cast<std::uint16_t>(reason.size()));
+  std::memcpy(out.data() + at + kIdBytes + 3, reason.data(), reason.size());
+}
+
+Status verdict_of(unsigned code, std::string_view reason) {
+  return code == 0
+             ? Status::ok()
+             : Status(static_cast<StatusCode>(code), fmt::format("the receiver turned the payload away: {}", reason));
 }
 
 // What a receiver answers a refused rendezvous with, so the sender's on_sent sees it.
@@ -41,6 +70,7 @@ ucs_status_t refusal_status(const Status& status) {
 Status AmProtocol::register_handlers() {
   ECX_RETURN_IF_ERROR(worker_.set_am_handler(kDataAm, &AmProtocol::on_data_am, this));
   ECX_RETURN_IF_ERROR(worker_.set_am_handler(kConfirmedDataAm, &AmProtocol::on_confirmed_data_am, this));
+  ECX_RETURN_IF_ERROR(worker_.set_am_handler(kVerdictBatchAm, &AmProtocol::on_verdict_batch_am, this));
   return worker_.set_am_handler(kVerdictAm, &AmProtocol::on_verdict_am, this);
 }
 
@@ -62,7 +92,7 @@ void AmProtocol::post(SendOp& op, Endpoint& endpoint, Region& region) {
   }
   if (op.confirmed) {  // the receiver names the send in its verdict
     op.header.insert(op.header.begin(), kIdBytes, std::byte{0});
-    put_le(op.header.data(), op.id);
+    put_le(op.header.data(), op.id | kBatchesWelcome);
   }
   void* request = ucp_am_send_nbx(endpoint.ep, op.confirmed ? kConfirmedDataAm : kDataAm, op.header.data(),
                                   op.header.size(), op.source, op.length, &params);
@@ -90,6 +120,7 @@ void AmProtocol::request_done(SendOp& op) {
 }
 
 void AmProtocol::take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status verdict) {
+  op_id &= ~kBatchesWelcome;  // echoed by a receiver that does not know the bit
   SendOp* op = transfers_.find_send(op_id);
   // Only the peer the send went to may answer it; a late verdict finds its send gone.
   if (op == nullptr || !op->confirmed || arrived_on == nullptr || endpoints_.id_of(arrived_on) != op->endpoint) {
@@ -111,11 +142,28 @@ ucs_status_t AmProtocol::on_verdict_am(void* arg, const void* header, std::size_
     logger()->debug("ignored a malformed verdict of {} bytes", header_length);
     return UCS_OK;
   }
-  const std::string reason(reinterpret_cast<const char*>(bytes + kIdBytes + 1), header_length - kIdBytes - 1);
-  Status verdict = code == 0 ? Status::ok()
-                             : Status(static_cast<StatusCode>(code), "the receiver turned the payload away: " + reason);
+  const std::string_view reason(reinterpret_cast<const char*>(bytes + kIdBytes + 1), header_length - kIdBytes - 1);
   const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
-  static_cast<AmProtocol*>(arg)->take_verdict(get_le<std::uint64_t>(bytes), peer, std::move(verdict));
+  static_cast<AmProtocol*>(arg)->take_verdict(get_le<std::uint64_t>(bytes), peer, verdict_of(code, reason));
+  return UCS_OK;
+}
+
+ucs_status_t AmProtocol::on_verdict_batch_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
+                                             std::size_t /*length*/, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AmProtocol*>(arg);
+  const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  const auto* bytes = static_cast<const std::byte*>(header);
+  std::size_t at = 0;
+  // Entries up to the first malformed one (whose sends then time out, as unanswered).
+  while (header_length - at >= kIdBytes + 3) {
+    const auto code = static_cast<unsigned>(bytes[at + kIdBytes]);
+    const auto reason_length = get_le<std::uint16_t>(bytes + at + kIdBytes + 1);
+    if (code > static_cast<unsigned>(StatusCode::internal) || header_length - at - kIdBytes - 3 < reason_length) break;
+    const std::string_view reason(reinterpret_cast<const char*>(bytes + at + kIdBytes + 3), reason_length);
+    self->take_verdict(get_le<std::uint64_t>(bytes + at), peer, verdict_of(code, reason));
+    at += kIdBytes + 3 + reason_length;
+  }
+  if (at != header_length) logger()->debug("ignored the malformed end of a verdict batch of {} bytes", header_length);
   return UCS_OK;
 }
 
@@ -139,26 +187,70 @@ ucs_status_t AmProtocol::on_confirmed_data_am(void* arg, const void* header, std
     return rendezvous ? UCS_ERR_REJECTED : UCS_OK;
   }
   const auto* bytes = static_cast<const std::byte*>(header);
+  const auto id = get_le<std::uint64_t>(bytes);
   return self->receive_data(std::span(bytes + kIdBytes, header_length - kIdBytes), data, length, rendezvous, sender,
-                            get_le<std::uint64_t>(bytes));
+                            Confirms{id & ~kBatchesWelcome, (id & kBatchesWelcome) != 0});
 }
 
 void AmProtocol::send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict) {
+  send_message(receiver_side, kVerdictAm, encode_verdict(op_id, verdict));
+}
+
+void AmProtocol::send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message) {
   // The header must outlive the send (UCX 1.13 has no flag to copy it): the request's
   // callback frees it when UCX did not send it at once.
-  auto message = std::make_unique<std::vector<std::byte>>(encode_verdict(op_id, verdict));
+  auto held = std::make_unique<std::vector<std::byte>>(std::move(message));
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   params.cb.send = &AmProtocol::on_verdict_sent;
-  params.user_data = message.get();
+  params.user_data = held.get();
   params.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-  void* request = ucp_am_send_nbx(receiver_side, kVerdictAm, message->data(), message->size(), nullptr, 0, &params);
+  void* request = ucp_am_send_nbx(ep, am_id, held->data(), held->size(), nullptr, 0, &params);
   if (request == nullptr) return;
   if (UCS_PTR_IS_ERR(request)) {
-    logger()->debug("could not answer send {}: {}", op_id, ucs_status_string(UCS_PTR_STATUS(request)));
+    logger()->debug("could not send verdicts (message {}): {}", am_id, ucs_status_string(UCS_PTR_STATUS(request)));
     return;
   }
-  static_cast<void>(message.release());  // on_verdict_sent owns it now
+  static_cast<void>(held.release());  // on_verdict_sent owns it now
+}
+
+void AmProtocol::answer_endpoint(std::uint64_t sender_endpoint, std::uint64_t op_id, bool batches,
+                                 const Status& verdict) {
+  if (batches) {
+    held_verdicts_.push_back(HeldVerdict{sender_endpoint, op_id, verdict});
+    return;
+  }
+  if (const Endpoint* endpoint = endpoints_.find(sender_endpoint); endpoint != nullptr && !endpoint->failed) {
+    send_verdict(endpoint->ep, op_id, verdict);
+  }
+}
+
+bool AmProtocol::send_held_verdicts() {
+  if (held_verdicts_.empty()) return false;
+  auto held = std::move(held_verdicts_);
+  held_verdicts_.clear();
+  // Almost always one endpoint: each pass takes the first endpoint's verdicts, in
+  // order, and keeps the others for the next.
+  while (!held.empty()) {
+    const std::uint64_t endpoint_id = held.front().endpoint;
+    const Endpoint* endpoint = endpoints_.find(endpoint_id);
+    const bool usable = endpoint != nullptr && !endpoint->failed;
+    std::vector<std::byte> message;
+    auto keep = held.begin();
+    for (auto it = held.begin(); it != held.end(); ++it) {
+      if (it->endpoint != endpoint_id) {
+        if (keep != it) *keep = std::move(*it);
+        ++keep;
+        continue;
+      }
+      if (!usable) continue;
+      if (message.size() >= kMaxVerdictBatchBytes) send_message(endpoint->ep, kVerdictBatchAm, std::move(message));
+      append_batch_entry(message, it->op_id, it->verdict);
+    }
+    if (usable && !message.empty()) send_message(endpoint->ep, kVerdictBatchAm, std::move(message));
+    held.erase(keep, held.end());
+  }
+  return true;
 }
 
 void AmProtocol::on_verdict_sent(void* request, ucs_status_t /*status*/, void* user_data) {
@@ -167,18 +259,23 @@ void AmProtocol::on_verdict_sent(void* request, ucs_status_t /*status*/, void* u
 }
 
 ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* data, std::uint64_t length,
-                                      bool rendezvous, ucp_ep_h sender, std::optional<std::uint64_t> confirms) {
+                                      bool rendezvous, ucp_ep_h sender, std::optional<Confirms> confirms) {
+  // The endpoint the payload arrives on, when it is one of ours (socket-address
+  // listeners accept every sender as an endpoint with peer-failure handling).
+  const std::uint64_t sender_endpoint = endpoints_.id_of(sender);
   auto answer = [&](const Status& verdict) {
-    if (confirms) send_verdict(sender, *confirms, verdict);
+    if (!confirms) return;
+    if (sender_endpoint != 0) {
+      answer_endpoint(sender_endpoint, confirms->op_id, confirms->batches, verdict);
+    } else {
+      send_verdict(sender, confirms->op_id, verdict);  // UCX's reply endpoint, used while it is given
+    }
   };
   auto turn_away = [&](const Status& why, ucs_status_t rendezvous_answer) {
     stats_.landings_rejected.fetch_add(1);
     answer(why);
     return rendezvous ? rendezvous_answer : UCS_OK;  // eager bytes are simply dropped
   };
-  // The endpoint the payload arrives on, when it is one of ours (socket-address
-  // listeners accept every sender as an endpoint with peer-failure handling).
-  const std::uint64_t sender_endpoint = endpoints_.id_of(sender);
   if (rendezvous && sender_endpoint != 0 && endpoints_.find(sender_endpoint)->failed) {
     return turn_away(unavailable("the sender's connection failed"), UCS_ERR_REJECTED);
   }
@@ -223,10 +320,8 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
     if (confirms && sender_endpoint != 0) {
       // Looked up again when it has landed: the endpoint may have failed meanwhile (its
       // landings are then cut off, and this never runs).
-      pending->after_landing = [this, sender_endpoint, op_id = *confirms](const Status& landed) {
-        if (const Endpoint* endpoint = endpoints_.find(sender_endpoint); endpoint != nullptr && !endpoint->failed) {
-          send_verdict(endpoint->ep, op_id, landed);
-        }
+      pending->after_landing = [this, sender_endpoint, confirmed = *confirms](const Status& landed) {
+        answer_endpoint(sender_endpoint, confirmed.op_id, confirmed.batches, landed);
       };
     } else {
       answer(Status::ok());  // a worker-address peer: its reply endpoint is UCX's, used while it is given

@@ -8,6 +8,10 @@
 // A rendezvous payload from one of our endpoints is answered once it has landed, not
 // when it arrives: a verdict sent back while the payload streamed in slowed the stream
 // (a lone 9 MiB payload over tcp took 0.6-1 ms longer).
+// A sender that reads verdict batches says so in its sends' ids (kBatchesWelcome);
+// the verdicts for its payloads over one of our endpoints are then held until the
+// progress pass that decided them ends and go as one message per endpoint: one
+// message per 64 KiB payload cost the receiver a send and the sender a receive each.
 
 #include <ucp/api/ucp.h>
 
@@ -15,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "ecx/core/status.h"
 #include "ecx/transport/ucx_transport.h"
@@ -43,6 +48,11 @@ class AmProtocol final : public SendProtocol {
   void post(SendOp& op, Endpoint& endpoint, Region& region) override;
   void request_done(SendOp& op) override;
 
+  // Progress thread, after each progress pass: sends the verdicts it held, one message
+  // per endpoint (an endpoint that failed meanwhile gets none: its sender's sends fail
+  // with it). Returns whether there were any.
+  bool send_held_verdicts();
+
  private:
   static ucs_status_t on_data_am(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param);
@@ -50,10 +60,20 @@ class AmProtocol final : public SendProtocol {
                                            std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_verdict_am(void* arg, const void* header, std::size_t header_length, void* data,
                                     std::size_t length, const ucp_am_recv_param_t* param);
-  // `confirms` (a confirmed send's id): its sender is answered, see the file comment.
+  static ucs_status_t on_verdict_batch_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                          std::size_t length, const ucp_am_recv_param_t* param);
+  struct Confirms {
+    std::uint64_t op_id;
+    bool batches;  // the sender reads verdict batches
+  };
+  // `confirms` (a confirmed send): its sender is answered, see the file comment.
   ucs_status_t receive_data(std::span<const std::byte> header, void* data, std::uint64_t length, bool rendezvous,
-                            ucp_ep_h sender, std::optional<std::uint64_t> confirms = std::nullopt);
+                            ucp_ep_h sender, std::optional<Confirms> confirms = std::nullopt);
   void send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict);
+  // Answers over endpoint `sender_endpoint` (ours): held for send_held_verdicts() when
+  // the sender reads batches, else sent now.
+  void answer_endpoint(std::uint64_t sender_endpoint, std::uint64_t op_id, bool batches, const Status& verdict);
+  void send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message);
   void take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status verdict);
   static void on_verdict_sent(void* request, ucs_status_t status, void* user_data);
   static void on_receive_done(void* request, ucs_status_t status, std::size_t length, void* user_data);
@@ -65,6 +85,13 @@ class AmProtocol final : public SendProtocol {
   Regions& regions_;
   Endpoints& endpoints_;
   Transfers& transfers_;
+
+  struct HeldVerdict {
+    std::uint64_t endpoint;
+    std::uint64_t op_id;
+    Status verdict;
+  };
+  std::vector<HeldVerdict> held_verdicts_;  // progress thread only
 };
 
 }  // namespace ecx::transport::ucx

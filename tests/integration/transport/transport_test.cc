@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "child_process.h"
@@ -233,6 +234,44 @@ TEST_P(ReceiverTest, ConfirmedSendsCarryTheReceiversVerdict) {
     EXPECT_TRUE(outcomes_[index].intact) << index;
   }
   EXPECT_EQ(rejections_, 2);
+}
+
+// Many confirmed payloads at once: the receiver answers those one progress pass
+// decided in one message per endpoint (a sender that reads batches), and each sender
+// still hears its own verdict, accepted or turned away with the reason's code.
+TEST_P(ReceiverTest, ConfirmedPayloadsSentTogetherEachHearTheirOwnVerdict) {
+  if (GetParam().mode == UcxMode::put) GTEST_SKIP() << "put mode has no confirmed sends";
+  constexpr std::uint64_t kSends = 96;
+  auto turned_away = [](std::uint64_t index) { return index % 3 == 0; };
+  for (std::uint64_t index = 1; index <= kSends; ++index) {
+    const std::uint64_t flags = kConfirm | (turned_away(index) ? std::uint64_t{kReject} : 0);
+    const std::uint64_t bytes = index % 4 == 0 ? 1000000 : 4096;  // mostly eager, some rendezvous
+    ASSERT_TRUE(sender_->write_line(fmt::format("send {} {} {} {} {}", index, index * 4096, bytes, bytes, flags)));
+  }
+  std::map<std::uint64_t, std::string> heard;
+  for (std::uint64_t i = 0; i < kSends; ++i) {
+    auto line = next_line();
+    ASSERT_TRUE(line.has_value()) << "only " << i << " senders heard";
+    std::istringstream fields(*line);
+    std::string word, status;
+    std::uint64_t index = 0;
+    fields >> word >> index >> status;
+    EXPECT_TRUE(heard.emplace(index, status).second) << "send " << index << " heard twice";
+  }
+  ASSERT_EQ(heard.size(), kSends);
+  for (const auto& [index, status] : heard) {
+    EXPECT_EQ(status, code(turned_away(index) ? StatusCode::resource_exhausted : StatusCode::ok)) << index;
+  }
+  const std::size_t accepted = kSends - kSends / 3;
+  ASSERT_TRUE(wait_for_outcomes(accepted));
+  std::lock_guard lock(mutex_);
+  EXPECT_EQ(outcomes_.size(), accepted);
+  for (const auto& [index, outcome] : outcomes_) {
+    EXPECT_FALSE(turned_away(index)) << index;
+    EXPECT_TRUE(outcome.status.is_ok()) << index;
+    EXPECT_TRUE(outcome.intact) << index;
+  }
+  EXPECT_EQ(rejections_, static_cast<int>(kSends / 3));
 }
 
 // From one of its endpoints, a confirmed rendezvous payload is answered once it has
