@@ -27,6 +27,9 @@ constexpr std::size_t kMaxVerdictReason = 256;
 constexpr std::uint64_t kBatchesWelcome = std::uint64_t{1} << 63;
 // A batch larger than this goes as several messages (an eager header stays small).
 constexpr std::size_t kMaxVerdictBatchBytes = 4096;
+// A progress pass that keeps finding arrivals sends what it held at this count, so
+// that no sender waits on a long pass (its window would stall).
+constexpr std::size_t kMaxHeldVerdicts = 64;
 
 using byte_order::get_le;
 using byte_order::put_le;
@@ -218,6 +221,7 @@ void AmProtocol::answer_endpoint(std::uint64_t sender_endpoint, std::uint64_t op
                                  const Status& verdict) {
   if (batches) {
     held_verdicts_.push_back(HeldVerdict{sender_endpoint, op_id, verdict});
+    if (held_verdicts_.size() >= kMaxHeldVerdicts) send_held_verdicts();
     return;
   }
   if (const Endpoint* endpoint = endpoints_.find(sender_endpoint); endpoint != nullptr && !endpoint->failed) {
