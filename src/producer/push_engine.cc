@@ -115,10 +115,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   transport::RegionHandle staging_region;
 
   // Dispatcher queue. Only the dispatcher waits on inbox_cv. Threads waiting for its
-  // progress (wait_idle, wait_active_below) wait on progress_cv, under the same mutex,
-  // woken only by a pass that finished a push or left nothing queued: on one shared
-  // variable every enqueue woke them too, about 65 us of an engine thread's CPU per
-  // 9 MiB item with 32 in flight, each wake finding nothing changed.
+  // progress wait on progress_cv, under the same mutex, woken only by what they wait
+  // for: wait_idle by a pass that left nothing queued (or the last lent memory back),
+  // wait_active_below by a pass that finished a push. On one shared variable every
+  // enqueue and every pass woke both, about 65 us of an engine thread's CPU per 9 MiB
+  // item with 32 in flight, each wake finding nothing changed.
   mutable std::mutex inbox_mutex;
   mutable std::condition_variable inbox_cv;
   mutable std::condition_variable progress_cv;
@@ -183,7 +184,8 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   // until it can. Nothing parked is given back before the data plane is gone.
   std::atomic<bool> lent_registration_works{false};  // see lend_source
   std::atomic<std::uint64_t> lent_returning{0};      // deregistrations queued, their memory not yet back
-  std::atomic<int> idle_waiters{0};                  // threads in wait_on_dispatcher()
+  std::atomic<int> idle_waiters{0};                  // threads in wait_idle()
+  std::atomic<int> below_waiters{0};                 // threads in wait_active_below()
   // Deregistration refused (and why), handed to the dispatcher; `any_refused_lent`
   // spares its every pass the lock.
   std::mutex refused_lent_mutex;
@@ -259,9 +261,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       retry_parked_lent();
       update_parked();
       const bool settled = in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel) == batch.size();
-      const bool progressed = settled || pushes.counters().active < active_before;
+      const bool finished_some = pushes.counters().active < active_before;
       lock.lock();
-      if (progressed && idle_waiters.load() > 0) progress_cv.notify_all();
+      if ((settled && idle_waiters.load() > 0) || (finished_some && below_waiters.load() > 0)) {
+        progress_cv.notify_all();
+      }
     }
   }
 
@@ -817,19 +821,19 @@ bool PushEngine::pending() const {
 
 namespace {
 
-// Waits (real time, at most `timeout`) on progress_cv until `done()`: the dispatcher
-// notifies it after a pass that finished a push or emptied its queue, and
-// give_back() when the last lent memory is back; the bounded slices only re-check.
-// Returns done() at the end.
+// Waits (real time, at most `timeout`) on progress_cv until `done()`, counted in
+// `waiters` (idle_waiters or below_waiters: the dispatcher wakes each kind only for
+// what it waits for, see progress_cv); the bounded slices only re-check. Returns done()
+// at the end.
 template <typename Done>
-bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
+bool wait_on_dispatcher(PushEngine::State& s, std::atomic<int>& waiters, Duration timeout, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(s.inbox_mutex);
-  s.idle_waiters.fetch_add(1);
+  waiters.fetch_add(1);
   struct Leave {
     std::atomic<int>& waiters;
     ~Leave() { waiters.fetch_sub(1); }
-  } leave{s.idle_waiters};
+  } leave{waiters};
   while (!done()) {
     if (s.progress_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kIdleWakeup)) ==
             std::cv_status::timeout &&
@@ -843,11 +847,12 @@ bool wait_on_dispatcher(PushEngine::State& s, Duration timeout, Done done) {
 }  // namespace
 
 bool PushEngine::wait_idle(Duration timeout) const {
-  return wait_on_dispatcher(*state_, timeout, [this] { return !pending(); });
+  return wait_on_dispatcher(*state_, state_->idle_waiters, timeout, [this] { return !pending(); });
 }
 
 bool PushEngine::wait_active_below(std::uint64_t limit, Duration timeout) const {
-  return wait_on_dispatcher(*state_, timeout, [&] { return state_->pushes.counters().active < limit; });
+  return wait_on_dispatcher(*state_, state_->below_waiters, timeout,
+                            [&] { return state_->pushes.counters().active < limit; });
 }
 
 EngineCounters PushEngine::counters() const {
