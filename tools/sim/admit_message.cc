@@ -22,6 +22,22 @@ void put_str(Packer& pk, std::string_view s) {
   pk.pack_str_body(s.data(), static_cast<std::uint32_t>(s.size()));
 }
 
+// One message being written: an array of `fields` elements, its kind first.
+class Message {
+ public:
+  Message(Kind kind, std::uint32_t fields) {
+    packer_.pack_array(fields);
+    packer_.pack(static_cast<std::uint8_t>(kind));
+  }
+  Packer& packer() { return packer_; }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+  Sink sink_{&out_};
+  Packer packer_{sink_};
+};
+
 using Obj = msgpack::object;
 
 Status bad(std::string_view what) { return invalid_argument(fmt::format("admit message: {}", what)); }
@@ -81,22 +97,15 @@ Result<std::pair<const msgpack::object_array*, Kind>> open(std::string_view mess
 }  // namespace
 
 std::string encode_admit(const AdmitRequest& request) {
-  std::string out;
-  Sink sink{&out};
-  Packer pk(sink);
-  pk.pack_array(6);
-  pk.pack(static_cast<std::uint8_t>(Kind::request));
+  Message message(Kind::request, 6);
+  Packer& pk = message.packer();
   put_str(pk, request.request_id);
   if (request.encoded_at_ns) {
     pk.pack(*request.encoded_at_ns);
   } else {
     pk.pack_nil();
   }
-  if (request.wants_answer) {
-    pk.pack_true();
-  } else {
-    pk.pack_false();
-  }
+  pk.pack(request.wants_answer);
   pk.pack_array(static_cast<std::uint32_t>(request.items.size()));
   for (const auto& item : request.items) {
     pk.pack_array(4);
@@ -107,32 +116,20 @@ std::string encode_admit(const AdmitRequest& request) {
     for (const auto dim : item.spec.shape()) pk.pack(static_cast<std::uint64_t>(dim));
   }
   put_str(pk, request.ec_transfer_params);
-  return out;
+  return message.take();
 }
 
 std::string encode_admit(const AdmitDone& done) {
-  std::string out;
-  Sink sink{&out};
-  Packer pk(sink);
-  pk.pack_array(2);
-  pk.pack(static_cast<std::uint8_t>(Kind::done));
-  pk.pack(done.requests);
-  return out;
+  Message message(Kind::done, 2);
+  message.packer().pack(done.requests);
+  return message.take();
 }
 
 std::string encode_answer(const AdmitAnswer& answer) {
-  std::string out;
-  Sink sink{&out};
-  Packer pk(sink);
-  pk.pack_array(3);
-  pk.pack(static_cast<std::uint8_t>(Kind::answer));
-  put_str(pk, answer.request_id);
-  if (answer.ready) {
-    pk.pack_true();
-  } else {
-    pk.pack_false();
-  }
-  return out;
+  Message message(Kind::answer, 3);
+  put_str(message.packer(), answer.request_id);
+  message.packer().pack(answer.ready);
+  return message.take();
 }
 
 Result<std::variant<AdmitRequest, AdmitDone>> decode_admit(std::string_view message) {
