@@ -190,7 +190,6 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   std::optional<TimePoint> next_deadline() const override { return transfers_.next_send_deadline(); }
 
   void shut_down() override {
-    if (am_) am_->send_held_verdicts();
     endpoints_.refuse_connections();
     worker_.close_queue();
     // A send completes at the sender once UCX holds its bytes, not once the peer

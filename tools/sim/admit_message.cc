@@ -96,7 +96,7 @@ Result<std::pair<const msgpack::object_array*, Kind>> open(std::string_view mess
 
 }  // namespace
 
-std::string encode_admit(const AdmitRequest& request) {
+std::string encode_admit(const AdmitRequestView& request) {
   Message message(Kind::request, 6);
   Packer& pk = message.packer();
   put_str(pk, request.request_id);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -28,6 +29,16 @@ struct AdmitRequest {
   std::string ec_transfer_params;
 };
 
+// What encode_admit writes, borrowed from the producer's own request (no copy of
+// its items per message).
+struct AdmitRequestView {
+  std::string_view request_id;
+  std::optional<std::int64_t> encoded_at_ns;
+  bool wants_answer = false;
+  std::span<const Item> items;
+  std::string_view ec_transfer_params;
+};
+
 struct AdmitDone {
   std::uint64_t requests = 0;  // how many requests this producer forwarded in all
 };
@@ -37,7 +48,7 @@ struct AdmitAnswer {
   bool ready = false;
 };
 
-std::string encode_admit(const AdmitRequest& request);
+std::string encode_admit(const AdmitRequestView& request);
 std::string encode_admit(const AdmitDone& done);
 std::string encode_answer(const AdmitAnswer& answer);
 

@@ -921,14 +921,15 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
           std::all_of(r->items.begin(), r->items.end(),
                       [&](const Item& item) { return proxy_index->present(item.mm_hash); })) {
         // Every image is in the store: the proxy sends the request straight on.
-        AdmitRequest message{r->request_id, std::nullopt, o.max_unresolved > 0, r->items, {}};
+        std::vector<Item> unencoded = r->items;  // they name no transfer
         json items = json::array();
-        for (auto& item : message.items) {
+        for (auto& item : unencoded) {
           item.transfer_id.clear();
           items.push_back({{"mm_hash", item.mm_hash}, {"store", true}});
         }
-        message.ec_transfer_params = json{{"ec_items", std::move(items)}}.dump();
-        const auto text = encode_admit(message);
+        const auto params = json{{"ec_items", std::move(items)}}.dump();
+        const auto text =
+            encode_admit(AdmitRequestView{r->request_id, std::nullopt, o.max_unresolved > 0, unencoded, params});
         admit.send(zmq::buffer(text), zmq::send_flags::none);
         if (o.max_unresolved > 0) unresolved.insert(r->request_id);
         ++result.encoder_hops_skipped;
@@ -1013,8 +1014,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       const auto params = scheduler.request_finished(views[b]);
       const auto admit_started = thread_cpu_ns();
       // Paced by the outcomes (max_unresolved): the consumer answers each.
-      const auto text = encode_admit(AdmitRequest{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
-                                                  o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
+      const auto text =
+          encode_admit(AdmitRequestView{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
+                                        o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
       admit.send(zmq::buffer(text), zmq::send_flags::none);
       result.sim_ns += thread_cpu_ns() - admit_started;
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
