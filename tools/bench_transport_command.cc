@@ -63,6 +63,10 @@ struct BenchOptions {
   std::string json_file;
   std::string plot_file;
   bool skip_perftest = false;
+  // The sender's buffers in a memfd, so that a payload from rndv_threshold on goes as
+  // its place there and the consumer copies it out (UcxOptions::shared_sources; only
+  // where UCX_TLS allows shared memory, i.e. with --transport shm).
+  bool shared_sources = true;
   // "": each side reuses `window` slots, which stay in the CPU cache (as ucx_perftest
   // reuses its buffer). A size: both sides move through a ring of this many bytes, so
   // each message is sent from and lands in memory not touched since (as ECX's pools do).
@@ -447,17 +451,22 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   // Sent from in turn: one buffer for every message in flight, as ucx_perftest does, or
   // the --spread ring.
   const std::uint64_t slots = options.spread != 0 ? options.spread / size : 1;
-  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * slots, pool::SlabOptions{.prefault = true});
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * slots,
+                                   pool::SlabOptions{.prefault = true, .shared = options.shared_sources});
   if (!slab) return slab.status();
   std::memset(slab->data(), 0x3c, slab->size());
   transport::UcxOptions ucx;
   ucx.tls = std::string(ucx_tls(options.transport));
   ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
+  ucx.shared_sources = options.shared_sources;
   auto created = transport::create_ucx_transport(ucx);
   if (!created) return created.status();
   auto& transport = *created;
-  auto region = transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host);
+  auto region = options.shared_sources
+                    ? transport->register_shared_region(slab->data(), slab->size(),
+                                                        transport::SharedBacking{slab->shared_fd(), 0})
+                    : transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host);
   if (!region) return region.status();
   auto endpoint = transport->connect(line->substr(8));
   if (!endpoint) return endpoint.status();
@@ -960,6 +969,9 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
                   "ucx_perftest primitives to run next to ECX: comma list of am, tag, stream, put")
       ->capture_default_str();
   cmd->add_flag("--no-perftest", options->skip_perftest, "skip the ucx_perftest baselines");
+  cmd->add_flag("--shared-sources,!--no-shared-sources", options->shared_sources,
+                "send from a memfd, so that over shared memory the consumer copies payloads of at least the "
+                "rendezvous threshold out of it itself (default on; off: UCX's rendezvous moves them)");
   cmd->add_option("--spread", options->spread_text,
                   "UCX series: send from and land in a ring of this many bytes (e.g. 1GiB), memory not touched since, "
                   "as ECX's pools do; default: every message is sent from one buffer and lands in one buffer, as "

@@ -344,6 +344,12 @@ const std::vector<KeySpec>& key_table() {
           "smaller ones eagerly, in one message without the rendezvous handshake (copied once on landing). 0 lets "
           "UCX decide (UCX_RNDV_THRESH).",
           set_bytes(&Config::ucx_rndv_thresh, 0, 1ULL << 30));
+    extra("ucx_shared_sources", "boolean", "true",
+          "Producer: stage payloads in shared memory (a memfd); a consumer on the same host then copies a payload of "
+          "at least ucx_rndv_thresh out of it itself, one memcpy instead of a socket or a kernel copy. Used only in "
+          "am mode and where UCX_TLS allows shared memory (unset, all, or naming sm, posix or sysv); a consumer that "
+          "cannot map the producer's memory says so and is sent bytes. false: plain staging memory.",
+          set_bool(&Config::ucx_shared_sources));
     extra("mooncake_protocol", "enum", "tcp", "Mooncake protocol when transport is mooncake: tcp or rdma.",
           set_enum(&Config::mooncake_protocol, {"tcp", "rdma"}));
     extra("mooncake_lib", "string", "\"\"",

@@ -1,5 +1,6 @@
 #include "ecx/pool/slab.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -58,7 +59,25 @@ Result<Slab> Slab::allocate(MemoryKind kind, std::uint64_t size, const SlabOptio
   // huge pages; the tail beyond `size` is never handed out.
   slab.mapped_size_ = options.huge_pages ? round_up(size, kHugePageBytes)
                                          : round_up(size, static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)));
-  void* mapped = ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (options.shared) {
+    slab.shared_fd_ = ::memfd_create("ecx-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (slab.shared_fd_ < 0) {
+      return resource_exhausted(fmt::format("memfd_create for a shared slab failed: {}", errno_text(errno)));
+    }
+    if (::ftruncate(slab.shared_fd_, static_cast<off_t>(slab.mapped_size_)) != 0) {
+      return resource_exhausted(
+          fmt::format("sizing a shared slab of {} bytes failed: {}", slab.mapped_size_, errno_text(errno)));
+    }
+    // Sealed against shrinking: a peer that maps it can then never fault on a page
+    // cut off under its copy (SIGBUS); peers refuse a memfd without the seal.
+    if (::fcntl(slab.shared_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+      return resource_exhausted(fmt::format("sealing a shared slab failed: {}", errno_text(errno)));
+    }
+  }
+  void* mapped = options.shared ? ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                         slab.shared_fd_, 0)
+                                : ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped == MAP_FAILED) {
     const int err = errno;
     slab.mapped_size_ = 0;
@@ -96,7 +115,8 @@ Slab::Slab(Slab&& other) noexcept
       huge_pages_(other.huge_pages_),
       locked_(other.locked_),
       cuda_registered_(std::exchange(other.cuda_registered_, false)),
-      cuda_device_(other.cuda_device_) {}
+      cuda_device_(other.cuda_device_),
+      shared_fd_(std::exchange(other.shared_fd_, -1)) {}
 
 Slab& Slab::operator=(Slab&& other) noexcept {
   if (this != &other) {
@@ -109,6 +129,7 @@ Slab& Slab::operator=(Slab&& other) noexcept {
     locked_ = other.locked_;
     cuda_registered_ = std::exchange(other.cuda_registered_, false);
     cuda_device_ = other.cuda_device_;
+    shared_fd_ = std::exchange(other.shared_fd_, -1);
   }
   return *this;
 }
@@ -116,6 +137,7 @@ Slab& Slab::operator=(Slab&& other) noexcept {
 Slab::~Slab() { release(); }
 
 void Slab::release() noexcept {
+  if (shared_fd_ >= 0) ::close(std::exchange(shared_fd_, -1));
   if (data_ == nullptr) return;
   switch (kind_) {
     case MemoryKind::host:

@@ -706,8 +706,11 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
   state->transport = std::move(*created);
   state->one_sided = state->transport->capabilities().landing == transport::LandingChoice::sender;
-  auto region = state->transport->register_region(state->staging->base(), state->staging->capacity(),
-                                                  transport::MemoryKind::host);
+  auto region = state->staging->shared_fd() >= 0
+                    ? state->transport->register_shared_region(state->staging->base(), state->staging->capacity(),
+                                                               transport::SharedBacking{state->staging->shared_fd(), 0})
+                    : state->transport->register_region(state->staging->base(), state->staging->capacity(),
+                                                        transport::MemoryKind::host);
   if (!region) return region.status();
   state->staging_region = *region;
 

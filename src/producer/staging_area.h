@@ -77,6 +77,8 @@ class StagingArea {
 
   std::byte* base() noexcept { return slab_.data(); }
   std::uint64_t capacity() const noexcept { return slab_.size(); }
+  // The memfd behind the pool when it is shared (ucx_shared_sources), else -1.
+  int shared_fd() const noexcept { return slab_.shared_fd(); }
   std::uint64_t used_bytes() const;
   pool::MemoryKind memory_kind() const noexcept { return kind_; }
 

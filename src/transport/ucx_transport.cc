@@ -57,6 +57,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     device_memory_ = ucp_context_query(worker_.context(), &attr) == UCS_OK &&
                      (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     ECX_RETURN_IF_ERROR(am_ ? am_->register_handlers() : put_->register_handlers());
+    if (am_) am_->enable_shared_sources();
     return worker_.start(*this);
   }
 
@@ -68,12 +69,17 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
         [this, base, size, kind]() -> Result<RegionHandle> { return regions_.add(base, size, kind); });
   }
 
+  Result<RegionHandle> register_shared_region(void* base, std::uint64_t size, SharedBacking backing) override {
+    if (base == nullptr || size == 0) return invalid_argument("register_region: empty region");
+    return worker_.call<RegionHandle>(
+        [this, base, size, backing]() -> Result<RegionHandle> { return regions_.add_shared(base, size, backing); });
+  }
+
   Status deregister_region(RegionHandle region) override {
-    return worker_
-        .call<bool>([this, region]() -> Result<bool> {
-          ECX_RETURN_IF_ERROR(regions_.remove(region));
-          return true;
-        })
+    return worker_.call<bool>([this, region]() -> Result<bool> {
+                    ECX_RETURN_IF_ERROR(remove_region(region));
+                    return true;
+                  })
         .status();
   }
 
@@ -92,7 +98,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   void deregister_region_then(RegionHandle region, const std::function<void(Status)>& done) override {
     const Status queued = worker_.enqueue([this, region, done](bool run) {
       // Not run: the transport is stopping, and its teardown unmaps every region.
-      done(run ? regions_.remove(region) : unavailable("the transport is shutting down"));
+      done(run ? remove_region(region) : unavailable("the transport is shutting down"));
     });
     if (!queued) done(queued);  // the command, never queued, never runs
   }
@@ -158,6 +164,9 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     s.bytes_landed = stats_.bytes_landed.load();
     s.peer_failures = stats_.peer_failures.load();
     s.deadline_expiries = stats_.deadline_expiries.load();
+    s.shared_sends = stats_.shared_sends.load();
+    s.shared_landings = stats_.shared_landings.load();
+    s.shared_fallbacks = stats_.shared_fallbacks.load();
     return s;
   }
 
@@ -179,10 +188,20 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     return options;
   }
 
+  // Progress thread. A shared region's peers hear that it went, so they unmap it.
+  Status remove_region(RegionHandle handle) {
+    const ucx::Region* region = regions_.find(handle.id);
+    std::optional<ucx::Region::Shared> shared = region != nullptr ? region->shared : std::nullopt;
+    ECX_RETURN_IF_ERROR(regions_.remove(handle));
+    if (shared && am_) am_->shared_region_gone(*shared);
+    return Status::ok();
+  }
+
   // --- ProgressHooks (progress thread) -------------------------------------------------
 
   bool handle_deferred() override {
     const bool answered = am_ && am_->send_held_verdicts();  // what the progress pass decided
+    if (am_) am_->sweep_shared_mappings(options_.clock->now());
     return endpoints_.handle_deferred() || answered;
   }
   void expire_deadlines() override { transfers_.expire_deadlines(); }
@@ -260,6 +279,7 @@ Result<UcxOptions> ucx_options_from_config(const Config& config, std::shared_ptr
   ucx.peer_error_handling = config.ucx_peer_errors;
   ucx.tcp_seg_size_bytes = config.ucx_tcp_seg_size;
   ucx.rndv_threshold_bytes = config.ucx_rndv_thresh;
+  ucx.shared_sources = config.ucx_shared_sources;
   ucx.clock = std::move(clock);
   return ucx;
 }

@@ -62,6 +62,7 @@ struct Config {
   // UCX tuning set by ECX (see docs/configuration.md).
   std::uint64_t ucx_tcp_seg_size = 256ULL * 1024;  // UCX TCP segment size (0 = UCX's default)
   std::uint64_t ucx_rndv_thresh = 128ULL * 1024;   // payloads from this size go rendezvous (0 = UCX decides)
+  bool ucx_shared_sources = true;  // same-host receivers copy payloads out of the producer's shared staging memory
   bool checksum = false;
   std::string auth_secret;  // "" = authentication off
   std::string auth_secret_file;

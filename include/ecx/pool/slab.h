@@ -27,6 +27,9 @@ struct SlabOptions {
   bool lock = false;                // host: mlock the slab (fails when RLIMIT_MEMLOCK is too low)
   bool prefault = false;            // host: touch every page now instead of on first use
   bool register_with_cuda = false;  // host: cudaHostRegister so CUDA copies run at full speed
+  // host: backed by a memfd instead of anonymous memory, so a receiver on the same host
+  // can map it and copy a payload out itself (the transport's shared sources).
+  bool shared = false;
   int cuda_device = 0;              // cuda_*: the device to allocate on
 };
 
@@ -47,6 +50,8 @@ class Slab {
   bool huge_pages() const noexcept { return huge_pages_; }
   bool locked() const noexcept { return locked_; }
   bool cuda_registered() const noexcept { return cuda_registered_; }
+  // The memfd behind a shared slab (it starts at the fd's offset 0); -1 otherwise.
+  int shared_fd() const noexcept { return shared_fd_; }
   // Host-addressable kinds may be read and written by the CPU.
   bool host_accessible() const noexcept { return kind_ != MemoryKind::cuda_device; }
 
@@ -65,6 +70,7 @@ class Slab {
   bool locked_ = false;
   bool cuda_registered_ = false;
   int cuda_device_ = 0;
+  int shared_fd_ = -1;  // owned
 };
 
 }  // namespace ecx::pool

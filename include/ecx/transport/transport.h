@@ -118,6 +118,18 @@ struct TransportStats {
   std::uint64_t bytes_landed = 0;
   std::uint64_t peer_failures = 0;
   std::uint64_t deadline_expiries = 0;
+  // Shared sources (see register_shared_region): payloads this side sent as a place
+  // in its shared memory, and payloads it copied out of a sender's shared memory.
+  std::uint64_t shared_sends = 0;
+  std::uint64_t shared_landings = 0;
+  std::uint64_t shared_fallbacks = 0;  // sent as shared, refused by the receiver, resent the usual way
+};
+
+// Host memory a same-host receiver can map: `fd` (a memfd, owned by the caller and
+// open while the region is registered) holds the region's first byte at `fd_offset`.
+struct SharedBacking {
+  int fd = -1;
+  std::uint64_t fd_offset = 0;
 };
 
 class Transport {
@@ -126,6 +138,13 @@ class Transport {
 
   // Registers [base, base + size) once; the handle names it in send().
   virtual Result<RegionHandle> register_region(void* base, std::uint64_t size, MemoryKind kind) = 0;
+  // register_region for host memory that `backing` shares. A backend that can lets a
+  // receiver on the same host copy a payload straight out of it (one memcpy, no
+  // socket or kernel copy); elsewhere it is an ordinary region. Default: the latter.
+  virtual Result<RegionHandle> register_shared_region(void* base, std::uint64_t size, SharedBacking backing) {
+    static_cast<void>(backing);
+    return register_region(base, size, MemoryKind::host);
+  }
   // conflict while a send from the region is still in flight.
   virtual Status deregister_region(RegionHandle region) = 0;
 

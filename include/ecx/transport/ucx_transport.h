@@ -61,6 +61,13 @@ struct UcxOptions {
   // default is 64 KiB: one send and one receive call per 64 KiB). 0 = UCX's default.
   // UCX_TCP_RX_SEG_SIZE / UCX_TCP_TX_SEG_SIZE in the environment take precedence.
   std::uint64_t tcp_seg_size_bytes = 256ULL * 1024;
+  // Mode am: a payload of at least rndv_threshold_bytes sent from a shared region
+  // (register_shared_region) goes to a receiver on this host as its place in the
+  // region, and the receiver copies it out itself: one memcpy instead of a socket or
+  // process_vm_readv. Both sides need it on and a transport list that allows shared
+  // memory (`tls`, else UCX_TLS: empty, all, or naming sm/posix/sysv); a receiver that
+  // cannot map the sender's memory answers so, and the sender sends that peer bytes.
+  bool shared_sources = true;
   std::shared_ptr<const Clock> clock;  // null = SteadyClock::shared()
 
   LandingResolver resolver;             // required to receive
@@ -100,7 +107,7 @@ constexpr UcxAddressKind receiver_address_kind(bool peer_error_handling) noexcep
 }
 
 // The options every ECX role takes from its configuration (mode, peer-failure
-// handling, TCP segment size, rendezvous threshold) and its clock; the caller adds
+// handling, TCP segment size, rendezvous threshold, shared sources) and its clock; the caller adds
 // what is its own (the receiving side's resolver and landing callbacks).
 Result<UcxOptions> ucx_options_from_config(const Config& config, std::shared_ptr<const Clock> clock);
 

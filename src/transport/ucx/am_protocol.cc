@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "core/byte_order.h"
+#include "ecx/core/stages.h"
+#include "transport/ucx/shared_sources.h"
 
 namespace ecx::transport::ucx {
 namespace {
@@ -19,6 +21,21 @@ constexpr unsigned kVerdictAm = 22;        // header: the send's id (u64 LE), st
 // header: verdicts, each the send's id (u64 LE), status code (u8), reason length (u16
 // LE) and reason (UTF-8)
 constexpr unsigned kVerdictBatchAm = 23;
+// header: the send's id (as in 21), where the payload lies (shared_sources.h: host,
+// pid, fd, inode, device, region offset and size, payload offset and length), the
+// payload header. No data: the receiver copies the payload out of the sender's memory.
+constexpr unsigned kSharedDataAm = 24;
+// header: the send's id (u64 LE), why (UTF-8): the receiver cannot map the sender's
+// memory; the sender resends the payload as 21 and sends that peer bytes from then on.
+constexpr unsigned kSharedRefusedAm = 25;
+// header: pid, fd, inode, device of a file whose region the sender deregistered.
+constexpr unsigned kSharedGoneAm = 26;
+// How long a receiver has to copy a shared payload out: the send fails then, and its
+// source is the sender's again. Short, because a shared send whose endpoint failed
+// waits for it (the receiver may still be copying) rather than failing at once.
+constexpr Duration kSharedCopyWindow = std::chrono::seconds(1);
+// Taken off the receiver's copy-by time: the two clocks are read at different moments.
+constexpr std::uint64_t kCopyByMarginNs = 1'000'000;
 constexpr std::size_t kIdBytes = 8;
 constexpr std::size_t kMaxVerdictReason = 256;
 // Bit 63 of a confirmed send's id: its sender reads kVerdictBatchAm. Ids are counted
@@ -74,12 +91,16 @@ Status AmProtocol::register_handlers() {
   ECX_RETURN_IF_ERROR(worker_.set_am_handler(kDataAm, &AmProtocol::on_data_am, this));
   ECX_RETURN_IF_ERROR(worker_.set_am_handler(kConfirmedDataAm, &AmProtocol::on_confirmed_data_am, this));
   ECX_RETURN_IF_ERROR(worker_.set_am_handler(kVerdictBatchAm, &AmProtocol::on_verdict_batch_am, this));
+  ECX_RETURN_IF_ERROR(worker_.set_am_handler(kSharedDataAm, &AmProtocol::on_shared_data_am, this));
+  ECX_RETURN_IF_ERROR(worker_.set_am_handler(kSharedRefusedAm, &AmProtocol::on_shared_refused_am, this));
+  ECX_RETURN_IF_ERROR(worker_.set_am_handler(kSharedGoneAm, &AmProtocol::on_shared_gone_am, this));
   return worker_.set_am_handler(kVerdictAm, &AmProtocol::on_verdict_am, this);
 }
 
 // --- sending -------------------------------------------------------------------
 
 void AmProtocol::post(SendOp& op, Endpoint& endpoint, Region& region) {
+  if (post_shared(op, endpoint, region)) return;
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS |
                         UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
@@ -100,6 +121,72 @@ void AmProtocol::post(SendOp& op, Endpoint& endpoint, Region& region) {
   void* request = ucp_am_send_nbx(endpoint.ep, op.confirmed ? kConfirmedDataAm : kDataAm, op.header.data(),
                                   op.header.size(), op.source, op.length, &params);
   complete_or_track(op, request, "ucp_am_send_nbx");
+}
+
+void AmProtocol::enable_shared_sources() {
+  shared_sources_ = options_.shared_sources && worker_.shared_memory_allowed() && host_identity().has_value();
+}
+
+bool AmProtocol::post_shared(SendOp& op, Endpoint& endpoint, Region& region) {
+  // Payloads that would go rendezvous: an eager one is already a single copy.
+  const std::uint64_t from = options_.rndv_threshold_bytes != 0 ? options_.rndv_threshold_bytes : 128ULL * 1024;
+  if (!shared_sources_ || !region.shared || endpoint.shared_refused || op.length < from) return false;
+  SharedSourceRef ref;
+  ref.host = *host_identity();
+  ref.file = region.shared->file;
+  ref.fd_offset = region.shared->fd_offset;
+  ref.region_size = region.size;
+  ref.offset = op.offset;
+  ref.length = op.length;
+  const TimePoint now = options_.clock->now();
+  const TimePoint cutoff = std::min(op.deadline, now + kSharedCopyWindow);
+  op.deadline_before_shared = op.deadline;
+  transfers_.move_deadline(op, cutoff);
+  const auto left_ns = static_cast<std::uint64_t>(
+      std::max<std::int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(cutoff - now).count()));
+  ref.copy_by_ns = stages::monotonic_ns() + (left_ns > kCopyByMarginNs ? left_ns - kCopyByMarginNs : 0);
+  std::vector<std::byte> message(kIdBytes + kSharedSourceRefBytes + op.header.size());
+  put_le(message.data(), op.id | kBatchesWelcome);
+  encode_shared_source(ref, message.data() + kIdBytes);
+  std::memcpy(message.data() + kIdBytes + kSharedSourceRefBytes, op.header.data(), op.header.size());
+  if (auto sent = send_message(endpoint.ep, kSharedDataAm, std::move(message)); !sent) {
+    transfers_.finish_send(op.id, sent);
+    return true;
+  }
+  op.shared = true;
+  region.shared->endpoints.insert(endpoint.id);
+  stats_.shared_sends.fetch_add(1);
+  return true;
+}
+
+void AmProtocol::resend_refused(std::uint64_t op_id, ucp_ep_h arrived_on, std::string_view reason) {
+  SendOp* op = transfers_.find_send(op_id);
+  if (op == nullptr || !op->shared || arrived_on == nullptr || endpoints_.id_of(arrived_on) != op->endpoint) return;
+  Endpoint* endpoint = endpoints_.find(op->endpoint);
+  Region* region = regions_.find(op->region);
+  if (endpoint == nullptr || region == nullptr) {
+    transfers_.finish_send(op_id, unavailable("the payload's endpoint or region went while it was resent"));
+    return;
+  }
+  if (!endpoint->shared_refused) {
+    logger()->info("peer {} cannot copy payloads out of this process's shared memory ({}); it is sent bytes instead",
+                   printable(endpoint->peer), reason);
+  }
+  endpoint->shared_refused = true;
+  op->shared = false;
+  transfers_.move_deadline(*op, op->deadline_before_shared);
+  stats_.shared_fallbacks.fetch_add(1);
+  post(*op, *endpoint, *region);
+}
+
+void AmProtocol::shared_region_gone(const Region::Shared& shared) {
+  for (const std::uint64_t id : shared.endpoints) {
+    const Endpoint* endpoint = endpoints_.find(id);
+    if (endpoint == nullptr || endpoint->failed) continue;
+    std::vector<std::byte> message(kSharedFileBytes);
+    encode_shared_file(shared.file, message.data());
+    static_cast<void>(send_message(endpoint->ep, kSharedGoneAm, std::move(message)));  // a lost one: the sweep
+  }
 }
 
 void AmProtocol::complete_or_track(SendOp& op, void* request, std::string_view what) {
@@ -126,7 +213,8 @@ void AmProtocol::take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status v
   op_id &= ~kBatchesWelcome;  // echoed by a receiver that does not know the bit
   SendOp* op = transfers_.find_send(op_id);
   // Only the peer the send went to may answer it; a late verdict finds its send gone.
-  if (op == nullptr || !op->confirmed || arrived_on == nullptr || endpoints_.id_of(arrived_on) != op->endpoint) {
+  if (op == nullptr || !(op->confirmed || op->shared) || arrived_on == nullptr ||
+      endpoints_.id_of(arrived_on) != op->endpoint) {
     logger()->debug("ignored a verdict for send {} (unknown, finished or from another peer)", op_id);
     return;
   }
@@ -195,11 +283,63 @@ ucs_status_t AmProtocol::on_confirmed_data_am(void* arg, const void* header, std
                             Confirms{id & ~kBatchesWelcome, (id & kBatchesWelcome) != 0});
 }
 
-void AmProtocol::send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict) {
-  send_message(receiver_side, kVerdictAm, encode_verdict(op_id, verdict));
+ucs_status_t AmProtocol::on_shared_data_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
+                                           std::size_t /*length*/, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AmProtocol*>(arg);
+  const ucp_ep_h sender = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  const auto bytes = std::span(static_cast<const std::byte*>(header), header_length);
+  const auto ref = bytes.size() >= kIdBytes ? decode_shared_source(bytes.subspan(kIdBytes)) : std::nullopt;
+  if (!ref || sender == nullptr) {  // nobody to answer, or nothing to copy: its sender times out
+    logger()->debug("ignored a malformed shared payload message of {} bytes", header_length);
+    self->stats_.landings_rejected.fetch_add(1);
+    return UCS_OK;
+  }
+  const auto id = get_le<std::uint64_t>(bytes.data());
+  auto source = self->shared_sources_ ? self->mappings_.source(*ref)
+                                      : Result<const std::byte*>(unavailable("shared sources are off on this side"));
+  if (!source) {
+    const std::string_view reason = reason_of(source.status());
+    std::vector<std::byte> refusal(kIdBytes + reason.size());
+    put_le(refusal.data(), id & ~kBatchesWelcome);
+    std::memcpy(refusal.data() + kIdBytes, reason.data(), reason.size());
+    static_cast<void>(self->send_message(sender, kSharedRefusedAm, std::move(refusal)));
+    return UCS_OK;
+  }
+  const std::uint64_t landed_before = self->stats_.landings_ok.load();
+  // As an eager payload: resolved, copied (from the sender's memory), answered.
+  static_cast<void>(self->receive_data(bytes.subspan(kIdBytes + kSharedSourceRefBytes),
+                                       // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): only read (eager path)
+                                       const_cast<std::byte*>(*source), ref->length, /*rendezvous=*/false, sender,
+                                       Confirms{id & ~kBatchesWelcome, (id & kBatchesWelcome) != 0},
+                                       ref->copy_by_ns));
+  if (self->stats_.landings_ok.load() != landed_before) self->stats_.shared_landings.fetch_add(1);
+  return UCS_OK;
 }
 
-void AmProtocol::send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message) {
+ucs_status_t AmProtocol::on_shared_refused_am(void* arg, const void* header, std::size_t header_length,
+                                              void* /*data*/, std::size_t /*length*/,
+                                              const ucp_am_recv_param_t* param) {
+  if (header_length < kIdBytes) return UCS_OK;
+  const auto* bytes = static_cast<const std::byte*>(header);
+  const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  const std::string_view reason(reinterpret_cast<const char*>(bytes + kIdBytes), header_length - kIdBytes);
+  static_cast<AmProtocol*>(arg)->resend_refused(get_le<std::uint64_t>(bytes), peer, reason);
+  return UCS_OK;
+}
+
+ucs_status_t AmProtocol::on_shared_gone_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
+                                           std::size_t /*length*/, const ucp_am_recv_param_t* /*param*/) {
+  if (auto file = decode_shared_file(std::span(static_cast<const std::byte*>(header), header_length))) {
+    static_cast<AmProtocol*>(arg)->mappings_.forget(*file);
+  }
+  return UCS_OK;
+}
+
+void AmProtocol::send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict) {
+  static_cast<void>(send_message(receiver_side, kVerdictAm, encode_verdict(op_id, verdict)));  // unanswered: its deadline
+}
+
+Status AmProtocol::send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message) {
   // The header must outlive the send (UCX 1.13 has no flag to copy it): the request's
   // callback frees it when UCX did not send it at once.
   auto held = std::make_unique<std::vector<std::byte>>(std::move(message));
@@ -209,12 +349,13 @@ void AmProtocol::send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte
   params.user_data = held.get();
   params.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
   void* request = ucp_am_send_nbx(ep, am_id, held->data(), held->size(), nullptr, 0, &params);
-  if (request == nullptr) return;
+  if (request == nullptr) return Status::ok();
   if (UCS_PTR_IS_ERR(request)) {
-    logger()->debug("could not send verdicts (message {}): {}", am_id, ucs_status_string(UCS_PTR_STATUS(request)));
-    return;
+    logger()->debug("could not send message {}: {}", am_id, ucs_status_string(UCS_PTR_STATUS(request)));
+    return ucx_error(fmt::format("ucp_am_send_nbx (message {})", am_id), UCS_PTR_STATUS(request));
   }
   static_cast<void>(held.release());  // on_verdict_sent owns it now
+  return Status::ok();
 }
 
 void AmProtocol::answer_endpoint(std::uint64_t sender_endpoint, std::uint64_t op_id, bool batches,
@@ -248,10 +389,13 @@ bool AmProtocol::send_held_verdicts() {
         continue;
       }
       if (!usable) continue;
-      if (message.size() >= kMaxVerdictBatchBytes) send_message(endpoint->ep, kVerdictBatchAm, std::move(message));
+      if (message.size() >= kMaxVerdictBatchBytes) {
+        static_cast<void>(send_message(endpoint->ep, kVerdictBatchAm, std::move(message)));
+        message.clear();
+      }
       append_batch_entry(message, it->op_id, it->verdict);
     }
-    if (usable && !message.empty()) send_message(endpoint->ep, kVerdictBatchAm, std::move(message));
+    if (usable && !message.empty()) static_cast<void>(send_message(endpoint->ep, kVerdictBatchAm, std::move(message)));
     held.erase(keep, held.end());
   }
   return true;
@@ -263,7 +407,8 @@ void AmProtocol::on_verdict_sent(void* request, ucs_status_t /*status*/, void* u
 }
 
 ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* data, std::uint64_t length,
-                                      bool rendezvous, ucp_ep_h sender, std::optional<Confirms> confirms) {
+                                      bool rendezvous, ucp_ep_h sender, std::optional<Confirms> confirms,
+                                      std::optional<std::uint64_t> copy_by_ns) {
   // The endpoint the payload arrives on, when it is one of ours (socket-address
   // listeners accept every sender as an endpoint with peer-failure handling).
   const std::uint64_t sender_endpoint = endpoints_.id_of(sender);
@@ -297,6 +442,12 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
   }
   if (!rendezvous) {
     std::memcpy(landing->destination, data, length);
+    if (copy_by_ns && stages::monotonic_ns() >= *copy_by_ns) {
+      const auto late = timeout_error("copied out of the sender's shared memory after its deadline (it may have reused it)");
+      transfers_.report_landing(*pending, late);
+      answer(late);
+      return UCS_OK;
+    }
     transfers_.report_landing(*pending, Status::ok());
     answer(Status::ok());
     return UCS_OK;

@@ -12,6 +12,8 @@
 // the verdicts for its payloads over one of our endpoints are then held until the
 // progress pass that decided them ends and go as one message per endpoint: one
 // message per 64 KiB payload cost the receiver a send and the sender a receive each.
+// A payload from a shared region (shared_sources.h) goes as its place in the region,
+// always answered with a verdict: its source is in use until the receiver copied it.
 
 #include <ucp/api/ucp.h>
 
@@ -53,6 +55,13 @@ class AmProtocol final : public SendProtocol {
   // with it). Returns whether there were any.
   bool send_held_verdicts();
 
+  // Progress thread: whether this side sends and takes shared sources (after the worker opened).
+  void enable_shared_sources();
+  // A shared region was deregistered: the peers that were sent a place in it unmap it.
+  void shared_region_gone(const Region::Shared& shared);
+  // Unmaps what senders no longer hold (a sender that died cannot say so); see SharedMappings::sweep.
+  void sweep_shared_mappings(TimePoint now) { mappings_.sweep(now); }
+
  private:
   static ucs_status_t on_data_am(void* arg, const void* header, std::size_t header_length, void* data,
                                  std::size_t length, const ucp_am_recv_param_t* param);
@@ -60,6 +69,16 @@ class AmProtocol final : public SendProtocol {
                                            std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_verdict_am(void* arg, const void* header, std::size_t header_length, void* data,
                                     std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_shared_data_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                        std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_shared_refused_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                           std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_shared_gone_am(void* arg, const void* header, std::size_t header_length, void* data,
+                                        std::size_t length, const ucp_am_recv_param_t* param);
+  // Sends `op` as its place in the shared region; false when it must go as bytes.
+  bool post_shared(SendOp& op, Endpoint& endpoint, Region& region);
+  // The receiver could not map the region: this peer gets bytes from now on.
+  void resend_refused(std::uint64_t op_id, ucp_ep_h arrived_on, std::string_view reason);
   static ucs_status_t on_verdict_batch_am(void* arg, const void* header, std::size_t header_length, void* data,
                                           std::size_t length, const ucp_am_recv_param_t* param);
   struct Confirms {
@@ -67,13 +86,15 @@ class AmProtocol final : public SendProtocol {
     bool batches;  // the sender reads verdict batches
   };
   // `confirms` (a confirmed send): its sender is answered, see the file comment.
+  // `copy_by_ns`: a shared payload (data: the sender's memory), see SharedSourceRef.
   ucs_status_t receive_data(std::span<const std::byte> header, void* data, std::uint64_t length, bool rendezvous,
-                            ucp_ep_h sender, std::optional<Confirms> confirms = std::nullopt);
+                            ucp_ep_h sender, std::optional<Confirms> confirms = std::nullopt,
+                            std::optional<std::uint64_t> copy_by_ns = std::nullopt);
   void send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict);
   // Answers over endpoint `sender_endpoint` (ours): held for send_held_verdicts() when
   // the sender reads batches, else sent now.
   void answer_endpoint(std::uint64_t sender_endpoint, std::uint64_t op_id, bool batches, const Status& verdict);
-  void send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message);
+  Status send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message);
   void take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status verdict);
   static void on_verdict_sent(void* request, ucs_status_t status, void* user_data);
   static void on_receive_done(void* request, ucs_status_t status, std::size_t length, void* user_data);
@@ -92,6 +113,8 @@ class AmProtocol final : public SendProtocol {
     Status verdict;
   };
   std::vector<HeldVerdict> held_verdicts_;  // progress thread only
+  bool shared_sources_ = false;              // set before any payload moves
+  SharedMappings mappings_;                  // receiving side
 };
 
 }  // namespace ecx::transport::ucx

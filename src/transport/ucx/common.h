@@ -4,7 +4,8 @@
 // ids. The bottom of the backend: it includes none of its siblings.
 //
 // Units, each including only those before it:
-//   common -> worker -> regions, endpoints -> transfers -> am_protocol, put_protocol
+//   common -> worker -> shared_sources -> regions, endpoints -> transfers -> am_protocol,
+//   put_protocol
 //   -> ucx_transport.cc (the UcxTransport facade that wires them).
 
 #include <ucp/api/ucp.h>
@@ -35,6 +36,7 @@ struct AtomicStats {
   std::atomic<std::uint64_t> sends_started{0}, sends_ok{0}, sends_failed{0}, bytes_sent{0};
   std::atomic<std::uint64_t> landings_ok{0}, landings_failed{0}, landings_rejected{0}, bytes_landed{0};
   std::atomic<std::uint64_t> peer_failures{0}, deadline_expiries{0};
+  std::atomic<std::uint64_t> shared_sends{0}, shared_landings{0}, shared_fallbacks{0};
 };
 
 // Regions, endpoints, sends and landings draw their ids from one counter, so no

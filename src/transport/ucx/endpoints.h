@@ -38,6 +38,8 @@ struct Endpoint {
   bool outgoing = false;
   bool failed = false;
   bool described = false;
+  // The peer said it cannot map this side's shared sources: send it bytes instead.
+  bool shared_refused = false;
   std::set<std::uint64_t> sends;  // op ids using this endpoint
   // Receiving side: landings this peer is writing (put mode: granted; am mode: a
   // rendezvous payload being fetched from it).

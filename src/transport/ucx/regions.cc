@@ -10,6 +10,14 @@ Result<RegionHandle> Regions::add(void* base, std::uint64_t size, MemoryKind kin
   return map(ids_.next(), base, size, kind);
 }
 
+Result<RegionHandle> Regions::add_shared(void* base, std::uint64_t size, SharedBacking backing) {
+  auto file = describe_shared_file(backing.fd, backing.fd_offset, size);
+  if (!file) return file.status();
+  auto handle = map(ids_.next(), base, size, MemoryKind::host);
+  if (handle) find(handle->id)->shared = Region::Shared{*file, backing.fd_offset, {}};
+  return handle;
+}
+
 void Regions::add_deferred(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind) {
   if (auto added = map(id, base, size, kind); !added) failed_.emplace(id, added.status());
 }

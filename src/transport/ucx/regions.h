@@ -10,12 +10,15 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
 #include "ecx/transport/transport.h"
 #include "ecx/transport/ucx_transport.h"
 #include "transport/ucx/common.h"
+#include "transport/ucx/shared_sources.h"
 #include "transport/ucx/worker.h"
 
 namespace ecx::transport::ucx {
@@ -28,6 +31,14 @@ struct Region {
   ucp_mem_h memh = nullptr;
   std::vector<std::byte> packed_rkey;  // put mode only
   std::uint64_t in_flight = 0;         // sends reading from it
+  // register_shared_region: the file behind it, and the endpoints that were sent a
+  // payload as a place in it (told when the region goes, so they unmap it).
+  struct Shared {
+    SharedFile file;
+    std::uint64_t fd_offset = 0;
+    std::set<std::uint64_t> endpoints;
+  };
+  std::optional<Shared> shared;
 };
 
 class Regions {
@@ -36,6 +47,8 @@ class Regions {
       : worker_(worker), options_(options), ids_(ids) {}
 
   Result<RegionHandle> add(void* base, std::uint64_t size, MemoryKind kind);
+  // add() for host memory in a memfd (see shared_sources.h).
+  Result<RegionHandle> add_shared(void* base, std::uint64_t size, SharedBacking backing);
   // add() under an id chosen off the progress thread (DeferredIds); a failure is kept,
   // so a send from the region can say why it has none, until remove().
   void add_deferred(std::uint64_t id, void* base, std::uint64_t size, MemoryKind kind);

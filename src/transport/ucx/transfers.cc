@@ -45,6 +45,12 @@ void Transfers::start_send(std::unique_ptr<SendOp> op) {
   protocol_->post(ref, *endpoint, *region);
 }
 
+void Transfers::move_deadline(SendOp& op, TimePoint deadline) {
+  deadlines_.erase({op.deadline, op.id});
+  op.deadline = deadline;
+  deadlines_.emplace(deadline, op.id);
+}
+
 void Transfers::finish_unstarted(SendOp& op, const Status& status) {
   stats_.sends_failed.fetch_add(1);
   invoke_sent(op.on_sent, status);
@@ -262,10 +268,13 @@ void Transfers::abandon_all(const Status& status) {
 // --- EndpointObserver ----------------------------------------------------------
 
 void Transfers::on_endpoint_failed(Endpoint& endpoint, const Status& status) {
-  // Sends with no UCX request outstanding (put mode, waiting for a grant).
+  // Sends with no UCX request outstanding (put mode, waiting for a grant). A shared one
+  // waits for its (short) deadline instead: the receiver may still be copying it out.
   std::vector<std::uint64_t> unstarted;
   for (const auto op_id : endpoint.sends) {
-    if (auto op = sends_.find(op_id); op != sends_.end() && op->second->request == nullptr) unstarted.push_back(op_id);
+    if (auto op = sends_.find(op_id); op != sends_.end() && op->second->request == nullptr && !op->second->shared) {
+      unstarted.push_back(op_id);
+    }
   }
   for (const auto op_id : unstarted) finish_send(op_id, status);
   // Landings granted to this peer (put mode) will never be written now.

@@ -48,6 +48,10 @@ struct SendOp {
   // receiver's verdict came, in either order; `verdict` holds one that came first.
   bool confirmed = false;
   std::optional<Status> verdict;
+  // Sent as a place in a shared region (shared_sources.h): no UCX request, it finishes
+  // with the receiver's verdict (or falls back to a plain send when the peer refuses).
+  bool shared = false;
+  TimePoint deadline_before_shared{};  // restored when it falls back to bytes
   // Reported to its owner (deadline) while UCX still holds the request; see abandon_send().
   bool abandoned = false;
 };
@@ -90,6 +94,8 @@ class Transfers final : public EndpointObserver {
   void finish_unstarted(SendOp& op, const Status& status);
   void finish_send(std::uint64_t op_id, const Status& status);
   SendOp* find_send(std::uint64_t op_id);
+  // Moves a tracked op's deadline.
+  void move_deadline(SendOp& op, TimePoint deadline);
   // The UCX completion callback of an op's request (user_data: the SendOp).
   static void on_request_done(void* request, ucs_status_t status, void* user_data);
 

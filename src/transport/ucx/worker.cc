@@ -34,6 +34,24 @@ bool only_shared_memory(std::string_view tls) {
   return true;
 }
 
+// Whether a UCX_TLS list lets UCX use shared memory: empty (UCX chooses among all it
+// has), "all", a list naming a shared-memory transport, or an exclusion list ('^...')
+// that leaves them in.
+bool allows_shared_memory(std::string_view tls) {
+  if (tls.empty()) return true;
+  static constexpr std::array<std::string_view, 6> kShared = {"sm", "shm", "mm", "posix", "sysv", "all"};
+  const bool excluding = tls.front() == '^';
+  if (excluding) tls.remove_prefix(1);
+  bool named = false;
+  while (!tls.empty()) {
+    const auto comma = tls.find(',');
+    const std::string_view name = tls.substr(0, comma);
+    named = named || std::find(kShared.begin(), kShared.end(), name) != kShared.end();
+    tls = comma == std::string_view::npos ? std::string_view{} : tls.substr(comma + 1);
+  }
+  return excluding != named;
+}
+
 }  // namespace
 
 UcxWorker::~UcxWorker() {
@@ -61,6 +79,7 @@ Status UcxWorker::open(std::size_t required_am_header) {
   // "^a,b" lists what UCX must leave out.
   const bool may_use_tcp =
       tls.empty() || (tls.front() == '^' ? !names_tcp : names_tcp || tls.find("all") != std::string::npos);
+  shared_memory_allowed_ = allows_shared_memory(tls);
   if (options_.peer_error_handling && only_shared_memory(tls)) {
     // Said here, at start: otherwise every connection fails later with UCX's
     // "Destination is unreachable" and nothing names the cause.

@@ -87,6 +87,9 @@ class UcxWorker {
   // UCX still holds endpoint requests: destroy() must not destroy the worker.
   void leave_to_exit() noexcept { unreleased_ = true; }
   bool left_to_exit() const noexcept { return unreleased_; }
+  // After open(): whether the transport list (tls, else UCX_TLS) lets this side use
+  // shared memory at all; shared sources follow the operator's choice.
+  bool shared_memory_allowed() const noexcept { return shared_memory_allowed_; }
   // Destroys the worker and the context, or keeps them until the process exits.
   void destroy();
 
@@ -108,6 +111,7 @@ class UcxWorker {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   void* shutdown_flush_ = nullptr;  // a shutdown flush UCX has not finished
+  bool shared_memory_allowed_ = false;
   bool unreleased_ = false;         // UCX still holds endpoint requests: never destroy the worker
   int ucx_fd_ = -1;
   int wake_fd_ = -1;
