@@ -74,10 +74,9 @@ Result<Slab> Slab::allocate(MemoryKind kind, std::uint64_t size, const SlabOptio
       return resource_exhausted(fmt::format("sealing a shared slab failed: {}", errno_text(errno)));
     }
   }
-  void* mapped = options.shared ? ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                         slab.shared_fd_, 0)
-                                : ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE,
-                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* mapped = options.shared
+                     ? ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE, MAP_SHARED, slab.shared_fd_, 0)
+                     : ::mmap(nullptr, slab.mapped_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped == MAP_FAILED) {
     const int err = errno;
     slab.mapped_size_ = 0;

@@ -76,10 +76,11 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   }
 
   Status deregister_region(RegionHandle region) override {
-    return worker_.call<bool>([this, region]() -> Result<bool> {
-                    ECX_RETURN_IF_ERROR(remove_region(region));
-                    return true;
-                  })
+    return worker_
+        .call<bool>([this, region]() -> Result<bool> {
+          ECX_RETURN_IF_ERROR(remove_region(region));
+          return true;
+        })
         .status();
   }
 
@@ -167,6 +168,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     s.shared_sends = stats_.shared_sends.load();
     s.shared_landings = stats_.shared_landings.load();
     s.shared_fallbacks = stats_.shared_fallbacks.load();
+    s.shared_mapped_bytes = stats_.shared_mapped_bytes.load();
     return s;
   }
 

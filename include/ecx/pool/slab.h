@@ -30,7 +30,7 @@ struct SlabOptions {
   // host: backed by a memfd instead of anonymous memory, so a receiver on the same host
   // can map it and copy a payload out itself (the transport's shared sources).
   bool shared = false;
-  int cuda_device = 0;              // cuda_*: the device to allocate on
+  int cuda_device = 0;  // cuda_*: the device to allocate on
 };
 
 // Move-only owner of the memory; frees it in the destructor.

@@ -122,7 +122,8 @@ struct TransportStats {
   // in its shared memory, and payloads it copied out of a sender's shared memory.
   std::uint64_t shared_sends = 0;
   std::uint64_t shared_landings = 0;
-  std::uint64_t shared_fallbacks = 0;  // sent as shared, refused by the receiver, resent the usual way
+  std::uint64_t shared_fallbacks = 0;     // sent as shared, refused by the receiver, resent the usual way
+  std::uint64_t shared_mapped_bytes = 0;  // of senders' shared memory this side holds mapped now
 };
 
 // Host memory a same-host receiver can map: `fd` (a memfd, owned by the caller and

@@ -297,6 +297,7 @@ ucs_status_t AmProtocol::on_shared_data_am(void* arg, const void* header, std::s
   const auto id = get_le<std::uint64_t>(bytes.data());
   auto source = self->shared_sources_ ? self->mappings_.source(*ref)
                                       : Result<const std::byte*>(unavailable("shared sources are off on this side"));
+  self->stats_.shared_mapped_bytes.store(self->mappings_.mapped_bytes());
   if (!source) {
     const std::string_view reason = reason_of(source.status());
     std::vector<std::byte> refusal(kIdBytes + reason.size());
@@ -310,15 +311,13 @@ ucs_status_t AmProtocol::on_shared_data_am(void* arg, const void* header, std::s
   static_cast<void>(self->receive_data(bytes.subspan(kIdBytes + kSharedSourceRefBytes),
                                        // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): only read (eager path)
                                        const_cast<std::byte*>(*source), ref->length, /*rendezvous=*/false, sender,
-                                       Confirms{id & ~kBatchesWelcome, (id & kBatchesWelcome) != 0},
-                                       ref->copy_by_ns));
+                                       Confirms{id & ~kBatchesWelcome, (id & kBatchesWelcome) != 0}, ref->copy_by_ns));
   if (self->stats_.landings_ok.load() != landed_before) self->stats_.shared_landings.fetch_add(1);
   return UCS_OK;
 }
 
-ucs_status_t AmProtocol::on_shared_refused_am(void* arg, const void* header, std::size_t header_length,
-                                              void* /*data*/, std::size_t /*length*/,
-                                              const ucp_am_recv_param_t* param) {
+ucs_status_t AmProtocol::on_shared_refused_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
+                                              std::size_t /*length*/, const ucp_am_recv_param_t* param) {
   if (header_length < kIdBytes) return UCS_OK;
   const auto* bytes = static_cast<const std::byte*>(header);
   const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
@@ -330,13 +329,16 @@ ucs_status_t AmProtocol::on_shared_refused_am(void* arg, const void* header, std
 ucs_status_t AmProtocol::on_shared_gone_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
                                            std::size_t /*length*/, const ucp_am_recv_param_t* /*param*/) {
   if (auto file = decode_shared_file(std::span(static_cast<const std::byte*>(header), header_length))) {
-    static_cast<AmProtocol*>(arg)->mappings_.forget(*file);
+    auto* self = static_cast<AmProtocol*>(arg);
+    self->mappings_.forget(*file);
+    self->stats_.shared_mapped_bytes.store(self->mappings_.mapped_bytes());
   }
   return UCS_OK;
 }
 
 void AmProtocol::send_verdict(ucp_ep_h receiver_side, std::uint64_t op_id, const Status& verdict) {
-  static_cast<void>(send_message(receiver_side, kVerdictAm, encode_verdict(op_id, verdict)));  // unanswered: its deadline
+  static_cast<void>(
+      send_message(receiver_side, kVerdictAm, encode_verdict(op_id, verdict)));  // unanswered: its deadline
 }
 
 Status AmProtocol::send_message(ucp_ep_h ep, unsigned am_id, std::vector<std::byte> message) {
@@ -443,7 +445,8 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
   if (!rendezvous) {
     std::memcpy(landing->destination, data, length);
     if (copy_by_ns && stages::monotonic_ns() >= *copy_by_ns) {
-      const auto late = timeout_error("copied out of the sender's shared memory after its deadline (it may have reused it)");
+      const auto late =
+          timeout_error("copied out of the sender's shared memory after its deadline (it may have reused it)");
       transfers_.report_landing(*pending, late);
       answer(late);
       return UCS_OK;

@@ -60,7 +60,10 @@ class AmProtocol final : public SendProtocol {
   // A shared region was deregistered: the peers that were sent a place in it unmap it.
   void shared_region_gone(const Region::Shared& shared);
   // Unmaps what senders no longer hold (a sender that died cannot say so); see SharedMappings::sweep.
-  void sweep_shared_mappings(TimePoint now) { mappings_.sweep(now); }
+  void sweep_shared_mappings(TimePoint now) {
+    mappings_.sweep(now);
+    stats_.shared_mapped_bytes.store(mappings_.mapped_bytes());
+  }
 
  private:
   static ucs_status_t on_data_am(void* arg, const void* header, std::size_t header_length, void* data,
@@ -113,8 +116,8 @@ class AmProtocol final : public SendProtocol {
     Status verdict;
   };
   std::vector<HeldVerdict> held_verdicts_;  // progress thread only
-  bool shared_sources_ = false;              // set before any payload moves
-  SharedMappings mappings_;                  // receiving side
+  bool shared_sources_ = false;             // set before any payload moves
+  SharedMappings mappings_;                 // receiving side
 };
 
 }  // namespace ecx::transport::ucx

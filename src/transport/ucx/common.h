@@ -36,7 +36,7 @@ struct AtomicStats {
   std::atomic<std::uint64_t> sends_started{0}, sends_ok{0}, sends_failed{0}, bytes_sent{0};
   std::atomic<std::uint64_t> landings_ok{0}, landings_failed{0}, landings_rejected{0}, bytes_landed{0};
   std::atomic<std::uint64_t> peer_failures{0}, deadline_expiries{0};
-  std::atomic<std::uint64_t> shared_sends{0}, shared_landings{0}, shared_fallbacks{0};
+  std::atomic<std::uint64_t> shared_sends{0}, shared_landings{0}, shared_fallbacks{0}, shared_mapped_bytes{0};
 };
 
 // Regions, endpoints, sends and landings draw their ids from one counter, so no

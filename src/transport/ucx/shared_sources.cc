@@ -143,8 +143,8 @@ Result<const std::byte*> SharedMappings::source(const SharedSourceRef& ref) {
     const bool covers = same && static_cast<std::uint64_t>(st.st_size) >= ref.fd_offset + ref.region_size;
     if (!same || seals < 0 || (seals & F_SEAL_SHRINK) == 0 || !covers) {
       ::close(fd);
-      return unavailable(fmt::format("{} is not the sealed file of {} bytes the sender named", path,
-                                     ref.fd_offset + ref.region_size));
+      return unavailable(
+          fmt::format("{} is not the sealed file of {} bytes the sender named", path, ref.fd_offset + ref.region_size));
     }
     const std::uint64_t lead = ref.fd_offset % page_size();
     const std::uint64_t length = lead + ref.region_size;

@@ -93,9 +93,9 @@ class SharedMappings {
   using Key = std::tuple<std::uint32_t, std::int32_t, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t>;
   struct Mapping {
     SharedFile file;
-    void* base = nullptr;           // page-aligned start of the mapping
-    std::uint64_t mapped = 0;       // bytes mapped
-    std::uint64_t lead = 0;         // from base to the region's first byte
+    void* base = nullptr;      // page-aligned start of the mapping
+    std::uint64_t mapped = 0;  // bytes mapped
+    std::uint64_t lead = 0;    // from base to the region's first byte
     std::uint64_t last_use = 0;
   };
   void unmap(std::map<Key, Mapping>::iterator it);

@@ -212,7 +212,8 @@ void Transfers::expire_deadlines() {
     if (found == sends_.end()) continue;
     found->second->expired = true;
     stats_.deadline_expiries.fetch_add(1);
-    if (options_.peer_error_handling) {
+    // A shared send has no UCX request to cancel: it ends here, its endpoint stays.
+    if (options_.peer_error_handling && !found->second->shared) {
       expired_endpoints.push_back(found->second->endpoint);
     } else {
       abandon_send(*found->second);
@@ -269,10 +270,13 @@ void Transfers::abandon_all(const Status& status) {
 
 void Transfers::on_endpoint_failed(Endpoint& endpoint, const Status& status) {
   // Sends with no UCX request outstanding (put mode, waiting for a grant). A shared one
-  // waits for its (short) deadline instead: the receiver may still be copying it out.
+  // on an endpoint this side closed (a deadline: the peer may be alive and still copy
+  // it out) waits for its own short deadline; its source is not the sender's before.
+  const bool peer_may_copy = status.code() == StatusCode::timeout;
   std::vector<std::uint64_t> unstarted;
   for (const auto op_id : endpoint.sends) {
-    if (auto op = sends_.find(op_id); op != sends_.end() && op->second->request == nullptr && !op->second->shared) {
+    auto op = sends_.find(op_id);
+    if (op != sends_.end() && op->second->request == nullptr && !(op->second->shared && peer_may_copy)) {
       unstarted.push_back(op_id);
     }
   }

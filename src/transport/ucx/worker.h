@@ -112,7 +112,7 @@ class UcxWorker {
   ucp_worker_h worker_ = nullptr;
   void* shutdown_flush_ = nullptr;  // a shutdown flush UCX has not finished
   bool shared_memory_allowed_ = false;
-  bool unreleased_ = false;         // UCX still holds endpoint requests: never destroy the worker
+  bool unreleased_ = false;  // UCX still holds endpoint requests: never destroy the worker
   int ucx_fd_ = -1;
   int wake_fd_ = -1;
   int epoll_fd_ = -1;

@@ -16,6 +16,7 @@ enum HeaderFlags : std::uint32_t {
   kStall = 2,       // the receiver's resolver never returns (a hung peer)
   kKillSender = 4,  // the receiving test kills the sender from inside its resolver
   kConfirm = 8,     // the sender uses send_confirmed(): it hears the receiver's verdict
+  kHold = 16,       // the receiving test's resolver waits until the test lets it go
 };
 
 struct TestHeader {

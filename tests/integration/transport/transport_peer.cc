@@ -1,9 +1,12 @@
 // The other process of the transport tests. Driven line by line over stdin;
 // answers on stdout.
 //
-//   common options: [--tls TLS] [--mode am|put] [--peer-errors 0|1]
+//   common options: [--tls TLS] [--mode am|put] [--peer-errors 0|1] [--shared 0|1]
+//     --shared: the sender sends from a shared region (a memfd); the receiver takes
+//     shared payloads (on by default: 0 makes it refuse them)
 //   transport_peer send --connect ADDR
-//     send INDEX SOURCE_OFFSET PAYLOAD_BYTES LANDING_BYTES FLAGS -> "sent INDEX <status>"
+//     send INDEX SOURCE_OFFSET PAYLOAD_BYTES LANDING_BYTES FLAGS [DEADLINE_MS] -> "sent INDEX <status>"
+//     deregister -> "deregistered <status>" (the pattern region; later sends fail)
 //     random SEED COUNT WINDOW  -> "failed INDEX <status>" per failure, then "random-done OK FAILED"
 //   transport_peer receive --listen HOST
 //     prints "address ADDR", then "landed INDEX <status> verified|corrupt" per landing and
@@ -15,6 +18,7 @@
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -39,10 +43,12 @@ struct Args {
   std::string role, connect, listen, tls;
   UcxMode mode = UcxMode::am;
   bool peer_errors = true;
+  std::optional<bool> shared;
 };
 
 int run_sender(const Args& args) {
-  auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes);
+  const bool shared = args.shared.value_or(false);
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes, pool::SlabOptions{.shared = shared});
   if (!slab) return say("error " + slab.status().to_string()), 1;
   const auto pattern = make_pattern(kPatternBytes);
   std::memcpy(slab->data(), pattern.data(), kPatternBytes);
@@ -53,7 +59,9 @@ int run_sender(const Args& args) {
   options.peer_error_handling = args.peer_errors;
   auto transport = create_ucx_transport(options);
   if (!transport) return say("error " + transport.status().to_string()), 1;
-  auto region = (*transport)->register_region(slab->data(), slab->size(), MemoryKind::host);
+  auto region =
+      shared ? (*transport)->register_shared_region(slab->data(), slab->size(), SharedBacking{slab->shared_fd(), 0})
+             : (*transport)->register_region(slab->data(), slab->size(), MemoryKind::host);
   auto endpoint = (*transport)->connect(args.connect);
   if (!region || !endpoint) return say("error cannot register or connect"), 1;
   const auto clock = SteadyClock::shared();
@@ -68,15 +76,19 @@ int run_sender(const Args& args) {
     std::string command;
     in >> command;
     if (command == "quit") break;
-    if (command == "send") {
+    if (command == "deregister") {
+      say("deregistered " + std::string(status_code_name((*transport)->deregister_region(*region).code())));
+    } else if (command == "send") {
       TestHeader header;
       std::uint64_t payload = 0;
+      std::uint64_t deadline_ms = 60'000;
       in >> header.index >> header.source_offset >> payload >> header.landing_length >> header.flags;
+      if (!(in >> deadline_ms)) deadline_ms = 60'000;
       const auto index = header.index;
       auto on_sent = [index](Status result) {
         say("sent " + std::to_string(index) + " " + std::string(status_code_name(result.code())));
       };
-      const auto deadline = clock->now() + std::chrono::seconds(60);
+      const auto deadline = clock->now() + std::chrono::milliseconds(deadline_ms);
       auto status = (header.flags & kConfirm) ? (*transport)
                                                     ->send_confirmed(*endpoint, as_bytes(header), *region,
                                                                      header.source_offset, payload, deadline, on_sent)
@@ -147,6 +159,7 @@ int run_receiver(const Args& args) {
   options.tls = args.tls;
   options.mode = args.mode;
   options.peer_error_handling = args.peer_errors;
+  options.shared_sources = args.shared.value_or(true);
   options.resolver = [&](std::span<const std::byte> bytes, std::uint64_t) -> Result<Landing> {
     auto header = parse_header(bytes);
     if (!header) return invalid_argument("bad header");
@@ -197,6 +210,7 @@ int main(int argc, char** argv) {
     if (key == "--listen") args.listen = value;
     if (key == "--tls") args.tls = value;
     if (key == "--peer-errors") args.peer_errors = value == "1";
+    if (key == "--shared") args.shared = value == "1";
     if (key == "--mode") args.mode = ecx::transport::parse_ucx_mode(value).value_or(ecx::transport::UcxMode::am);
   }
   if (args.role == "send") return run_sender(args);

@@ -43,10 +43,27 @@ struct Variant {
   UcxMode mode;
   bool peer_errors;  // UCX 1.13's shared-memory transports cannot detect a dead peer
   int random_transfers;
+  // The sender's memory is a shared region: payloads from the rendezvous threshold on
+  // travel as their place in it, and the receiver copies them out (shared sources).
+  bool shared = false;
 };
 
 std::vector<std::string> peer_args(const Variant& v) {
-  return {"--tls", v.tls, "--mode", std::string(ucx_mode_name(v.mode)), "--peer-errors", v.peer_errors ? "1" : "0"};
+  return {"--tls",         v.tls,
+          "--mode",        std::string(ucx_mode_name(v.mode)),
+          "--peer-errors", v.peer_errors ? "1" : "0",
+          "--shared",      v.shared ? "1" : "0"};
+}
+
+// Polls what another thread or process changes (not a timeout waited out): true once
+// `done` holds, false if it never did within `bound`.
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds bound = 30s) {
+  const auto give_up = std::chrono::steady_clock::now() + bound;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
 }
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }
@@ -84,7 +101,7 @@ class ReceiverTest : public ::testing::TestWithParam<Variant> {
     options.resolver = [this](std::span<const std::byte> bytes, std::uint64_t) -> Result<Landing> {
       auto header = parse_header(bytes);
       if (!header) return invalid_argument("bad header");
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       if (header->flags & kReject) {
         ++rejections_;
         changed_.notify_all();
@@ -95,6 +112,7 @@ class ReceiverTest : public ::testing::TestWithParam<Variant> {
       if (header->flags & kKillSender) {
         sender_->kill();  // reaped: the sender is gone before the payload is fetched
       }
+      if (header->flags & kHold) changed_.wait_for(lock, 60s, [&] { return hold_released_; });
       return Landing{slab_->at(*slot), header->landing_length, slot->offset};
     };
     options.on_landing = [this](std::span<const std::byte> bytes, const Landing& landing, const Status& status) {
@@ -153,6 +171,7 @@ class ReceiverTest : public ::testing::TestWithParam<Variant> {
   pool::OffsetAllocator allocator_{kPoolBytes, kAlignment};
   std::map<std::uint64_t, Outcome> outcomes_;
   int rejections_ = 0;
+  bool hold_released_ = false;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ChildProcess> sender_;
 };
@@ -174,6 +193,9 @@ TEST_P(ReceiverTest, ThousandRandomTransfersLandIntact) {
   EXPECT_EQ(stats.used_bytes, 0u);
   EXPECT_EQ(stats.free_block_count, 1u);
   EXPECT_EQ(transport_->stats().landings_ok, n);
+  if (GetParam().shared) {
+    EXPECT_GT(transport_->stats().shared_landings, n / 4) << "large payloads went as bytes";
+  }
 }
 
 TEST_P(ReceiverTest, RejectedLandingsLeaveThePoolUntouched) {
@@ -348,9 +370,77 @@ TEST_P(ReceiverTest, SenderKilledMidTransferNeverLands) {
   if (!wait_for_outcomes(1, 10s)) clock_->advance(kLandingTimeout + 1s);
   ASSERT_TRUE(wait_for_outcomes(1, 30s)) << "the landing was never resolved after the sender died";
   std::lock_guard lock(mutex_);
-  EXPECT_FALSE(outcomes_[7].status.is_ok()) << "a payload from a dead sender was reported as landed";
-  EXPECT_EQ(transport_->stats().landings_ok, 0u);
+  if (GetParam().shared) {
+    // A shared payload was whole in the sender's memory before its message left, and
+    // this side mapped that memory before resolving: it copies it whole all the same.
+    EXPECT_TRUE(outcomes_[7].status.is_ok()) << outcomes_[7].status.to_string();
+    EXPECT_TRUE(outcomes_[7].intact);
+  } else {
+    EXPECT_FALSE(outcomes_[7].status.is_ok()) << "a payload from a dead sender was reported as landed";
+    EXPECT_EQ(transport_->stats().landings_ok, 0u);
+  }
   EXPECT_EQ(allocator_.stats().used_bytes, 0u);
+}
+
+// --- shared sources -------------------------------------------------------------------
+
+TEST_P(ReceiverTest, SharedPayloadsAreCopiedOutOfTheSendersMemory) {
+  if (!GetParam().shared) GTEST_SKIP() << "the sender's memory is not shared";
+  // Rendezvous-sized payloads go as their place in the sender's memory; eager ones as bytes.
+  ASSERT_TRUE(sender_->write_line("send 1 4096 1000000 1000000 0"));
+  ASSERT_TRUE(sender_->write_line("send 2 8192 2000 2000 0"));
+  for (int i = 0; i < 2; ++i) {
+    auto line = next_line();
+    ASSERT_TRUE(line.has_value());
+    EXPECT_EQ(line->substr(line->rfind(' ') + 1), code(StatusCode::ok)) << *line;
+  }
+  ASSERT_TRUE(wait_for_outcomes(2));
+  std::lock_guard lock(mutex_);
+  for (const std::uint64_t index : {1, 2}) {
+    EXPECT_TRUE(outcomes_[index].status.is_ok()) << index;
+    EXPECT_TRUE(outcomes_[index].intact) << index;
+  }
+  const auto stats = transport_->stats();
+  EXPECT_EQ(stats.shared_landings, 1u);
+  EXPECT_GE(stats.shared_mapped_bytes, kPatternBytes) << "the sender's region stays mapped for its next payload";
+}
+
+TEST_P(ReceiverTest, SharedRegionTheSenderDeregisteredIsUnmapped) {
+  if (!GetParam().shared) GTEST_SKIP() << "the sender's memory is not shared";
+  ASSERT_TRUE(sender_->write_line("send 1 0 1000000 1000000 0"));
+  ASSERT_EQ(next_line().value_or(""), "sent 1 ok");
+  EXPECT_GT(transport_->stats().shared_mapped_bytes, 0u);
+  ASSERT_TRUE(sender_->write_line("deregister"));
+  ASSERT_EQ(next_line().value_or(""), "deregistered ok");
+  EXPECT_TRUE(eventually([&] { return transport_->stats().shared_mapped_bytes == 0; }))
+      << "the receiver still maps a region its sender gave up";
+}
+
+TEST_P(ReceiverTest, SharedRegionOfADeadSenderIsUnmappedAtTheNextSweep) {
+  if (!GetParam().shared) GTEST_SKIP() << "the sender's memory is not shared";
+  ASSERT_TRUE(sender_->write_line("send 1 0 1000000 1000000 0"));
+  ASSERT_EQ(next_line().value_or(""), "sent 1 ok");
+  sender_->kill();      // it cannot say that its memory went
+  clock_->advance(2s);  // the next sweep is due
+  EXPECT_TRUE(eventually([&] { return transport_->stats().shared_mapped_bytes == 0; }))
+      << "the receiver still maps the memory of a sender that died";
+}
+
+// The sender's send failed at its deadline, so its source may hold other bytes by now:
+// a copy that ends after that deadline must not be reported as landed.
+TEST_P(ReceiverTest, SharedPayloadCopiedAfterItsSendersDeadlineFailsItsLanding) {
+  if (!GetParam().shared) GTEST_SKIP() << "the sender's memory is not shared";
+  ASSERT_TRUE(sender_->write_line(fmt::format("send 1 0 1000000 1000000 {} 200", static_cast<unsigned>(kHold))));
+  ASSERT_EQ(next_line().value_or(""), "sent 1 timeout") << "the held send should fail at its 200 ms deadline";
+  {
+    std::lock_guard lock(mutex_);
+    hold_released_ = true;
+    changed_.notify_all();
+  }
+  ASSERT_TRUE(wait_for_outcomes(1));
+  std::lock_guard lock(mutex_);
+  EXPECT_EQ(outcomes_[1].status.code(), StatusCode::timeout) << outcomes_[1].status.to_string();
+  EXPECT_EQ(transport_->stats().landings_ok, 0u);
 }
 
 // Put mode over tcp runs fewer random transfers: UCX 1.13 emulates put on tcp slowly.
@@ -358,6 +448,10 @@ const Variant kVariants[] = {
     {"tcp", "tcp", UcxMode::am, true, 1000},
     {"shm", "sm", UcxMode::am, false, 1000},
     {"tcp_put", "tcp", UcxMode::put, true, 100},
+    // Shared sources over shared memory, and over tcp endpoints (peer errors) where
+    // the transport list allows shared memory too.
+    {"shm_shared", "sm", UcxMode::am, false, 1000, true},
+    {"tcp_sm_shared", "tcp,sm,self", UcxMode::am, true, 1000, true},
 };
 INSTANTIATE_TEST_SUITE_P(Ucx, ReceiverTest, ::testing::ValuesIn(kVariants), variant_name);
 
@@ -365,7 +459,8 @@ INSTANTIATE_TEST_SUITE_P(Ucx, ReceiverTest, ::testing::ValuesIn(kVariants), vari
 class SenderTest : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
-    auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes);
+    auto slab =
+        pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes, pool::SlabOptions{.shared = GetParam().shared});
     ASSERT_TRUE(slab);
     slab_.emplace(std::move(*slab));
     const auto pattern = make_pattern(kPatternBytes);
@@ -388,8 +483,10 @@ class SenderTest : public ::testing::TestWithParam<Variant> {
     auto transport = create_ucx_transport(options);
     ASSERT_TRUE(transport) << transport.status().to_string();
     transport_ = std::move(*transport);
-    auto region = transport_->register_region(slab_->data(), slab_->size(), MemoryKind::host);
-    ASSERT_TRUE(region);
+    auto region = GetParam().shared ? transport_->register_shared_region(slab_->data(), slab_->size(),
+                                                                         SharedBacking{slab_->shared_fd(), 0})
+                                    : transport_->register_region(slab_->data(), slab_->size(), MemoryKind::host);
+    ASSERT_TRUE(region) << region.status().to_string();
     region_ = *region;
     address_ = line->substr(8);
     auto endpoint = transport_->connect(address_);
@@ -501,7 +598,8 @@ TEST_P(SenderTest, StuckReceiverFailsTheSendAtItsDeadline) {
   ASSERT_TRUE(completion->wait(30s)) << "no completion after the deadline passed";
   EXPECT_EQ(completion->status->code(), StatusCode::timeout) << completion->status->to_string();
   EXPECT_EQ(transport_->stats().deadline_expiries, 1u);
-  if (GetParam().peer_errors) {
+  // A shared send has no UCX request to cancel, so its endpoint stays open.
+  if (GetParam().peer_errors && !GetParam().shared) {
     // The endpoint was closed to cancel the send; the next send on it fails at once.
     auto stale = send(3, 1000, 0, 5s);
     ASSERT_TRUE(stale->wait(30s));
@@ -549,6 +647,68 @@ TEST_P(SenderTest, KilledReceiverFailsTheSendWithinItsDeadline) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, SenderTest, ::testing::ValuesIn(kVariants), variant_name);
+
+// A receiver that will not (or cannot) map the sender's memory says so: the sender
+// resends that payload as bytes, and sends that peer bytes from then on.
+TEST(SharedSources, AReceiverThatCannotMapTheSendersMemoryIsSentBytes) {
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, kPatternBytes, pool::SlabOptions{.shared = true});
+  ASSERT_TRUE(slab) << slab.status().to_string();
+  const auto pattern = make_pattern(kPatternBytes);
+  std::memcpy(slab->data(), pattern.data(), kPatternBytes);
+  ChildProcess receiver(
+      {peer_binary(), "receive", "--listen", "127.0.0.1", "--tls", "sm", "--peer-errors", "0", "--shared", "0"});
+  auto line = receiver.read_line(30s);
+  ASSERT_TRUE(line && line->starts_with("address ")) << line.value_or("(nothing)");
+  UcxOptions options;
+  options.tls = "sm";
+  options.peer_error_handling = false;
+  auto transport = create_ucx_transport(options);
+  ASSERT_TRUE(transport) << transport.status().to_string();
+  auto region = (*transport)->register_shared_region(slab->data(), slab->size(), SharedBacking{slab->shared_fd(), 0});
+  ASSERT_TRUE(region) << region.status().to_string();
+  auto endpoint = (*transport)->connect(line->substr(8));
+  ASSERT_TRUE(endpoint) << endpoint.status().to_string();
+  for (std::uint64_t index = 1; index <= 3; ++index) {
+    TestHeader header;
+    header.index = index;
+    header.source_offset = index * 4096;
+    header.landing_length = 1'000'000;
+    std::promise<Status> sent;
+    ASSERT_TRUE((*transport)
+                    ->send(*endpoint, as_bytes(header), *region, header.source_offset, 1'000'000,
+                           SteadyClock::shared()->now() + 30s,
+                           [&sent](const Status& status) { sent.set_value(status); }));
+    auto result = sent.get_future();
+    ASSERT_EQ(result.wait_for(30s), std::future_status::ready);
+    EXPECT_TRUE(result.get().is_ok());
+    EXPECT_EQ(receiver.read_line(30s).value_or(""), fmt::format("landed {} ok verified", index));
+  }
+  const auto stats = (*transport)->stats();
+  EXPECT_EQ(stats.shared_sends, 1u) << "only the first payload should have been offered as shared";
+  EXPECT_EQ(stats.shared_fallbacks, 1u);
+  EXPECT_EQ(stats.sends_ok, 3u);
+  static_cast<void>(receiver.write_line("quit"));
+}
+
+TEST(SharedSources, ARegionWhoseFileIsNotASealedMemfdIsRefusedAtRegistration) {
+  auto plain = pool::Slab::allocate(pool::MemoryKind::host, 1 << 20);
+  ASSERT_TRUE(plain);
+  UcxOptions options;
+  options.tls = "sm";
+  options.peer_error_handling = false;
+  auto transport = create_ucx_transport(options);
+  ASSERT_TRUE(transport);
+  auto refused = (*transport)->register_shared_region(plain->data(), plain->size(), SharedBacking{-1, 0});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+  auto shared = pool::Slab::allocate(pool::MemoryKind::host, 1 << 20, pool::SlabOptions{.shared = true});
+  ASSERT_TRUE(shared);
+  auto overrun =
+      (*transport)
+          ->register_shared_region(shared->data(), shared->size(), SharedBacking{shared->shared_fd(), 4ULL << 20});
+  ASSERT_FALSE(overrun);
+  EXPECT_NE(overrun.status().message().find("overruns"), std::string::npos) << overrun.status().to_string();
+}
 
 // A plain TCP client of the receiver's listener, driven byte by byte: it can connect
 // and then hold back the connection request UCX's tcp connection manager expects.
