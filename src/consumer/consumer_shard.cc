@@ -427,6 +427,12 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
     gauge("consumer_tombstones", "Terminal records kept for idempotency", r.tombstones);
     gauge("consumer_resident_bytes", "Bytes of landed payloads kept for reuse", r.resident_bytes);
     gauge("consumer_leases", "Slots handed to the engine and not yet released", r.leases);
+    if (s->transport) {
+      const auto t = s->transport->stats();
+      counter("consumer_shared_landings_total", "Payloads copied out of a same-host producer's shared memory", "",
+              t.shared_landings);
+      gauge("consumer_shared_mapped_bytes", "Bytes of producers' shared memory mapped now", t.shared_mapped_bytes);
+    }
     if (s->server) {
       const auto c = s->server->counters();
       counter("control_malformed_frames_total", "Undecodable control frames", "", c.malformed_frames);

@@ -892,6 +892,14 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     constexpr std::string_view kDirect = "Direct payloads (sent without a reservation): sent, and turned away";
     counter("producer_direct_payloads_total", kDirect, "sent", p.direct_sent);
     counter("producer_direct_payloads_total", kDirect, "turned_away", p.direct_turned_away);
+    if (s->transport) {
+      const auto t = s->transport->stats();
+      constexpr std::string_view kShared =
+          "Payloads sent as their place in the shared staging pool (same-host consumer copies them out), and those "
+          "a consumer could not map and was sent as bytes";
+      counter("producer_shared_payloads_total", kShared, "sent", t.shared_sends);
+      counter("producer_shared_payloads_total", kShared, "fell_back", t.shared_fallbacks);
+    }
     counter("producer_abandons_total", "Abandon cancels sent", "", p.abandons_sent);
     counter("producer_yields_total",
             "Reservations given back while a sibling shard of the same push waited for space (reserved again with it)",

@@ -2,6 +2,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -51,7 +52,10 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   UcxTransport& operator=(const UcxTransport&) = delete;
 
   Status start() {
-    ECX_RETURN_IF_ERROR(worker_.open(kMaxHeaderBytes + sizeof(ucx::PutRequest)));
+    // The largest prefix a payload header gets: put mode's request, or a shared payload's
+    // send id and place (am_protocol.cc).
+    ECX_RETURN_IF_ERROR(worker_.open(kMaxHeaderBytes + std::max(sizeof(ucx::PutRequest),
+                                                                 sizeof(std::uint64_t) + ucx::kSharedSourceRefBytes)));
     ucp_context_attr_t attr{};
     attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
     device_memory_ = ucp_context_query(worker_.context(), &attr) == UCS_OK &&
