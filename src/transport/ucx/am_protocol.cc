@@ -299,7 +299,8 @@ ucs_status_t AmProtocol::on_shared_data_am(void* arg, const void* header, std::s
                                       : Result<const std::byte*>(unavailable("shared sources are off on this side"));
   self->stats_.shared_mapped_bytes.store(self->mappings_.mapped_bytes());
   if (!source) {
-    const std::string_view reason = reason_of(source.status());
+    const Status refused = source.status();  // reason_of() views its message
+    const std::string_view reason = reason_of(refused);
     std::vector<std::byte> refusal(kIdBytes + reason.size());
     put_le(refusal.data(), id & ~kBatchesWelcome);
     std::memcpy(refusal.data() + kIdBytes, reason.data(), reason.size());
