@@ -54,8 +54,8 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
   Status start() {
     // The largest prefix a payload header gets: put mode's request, or a shared payload's
     // send id and place (am_protocol.cc).
-    ECX_RETURN_IF_ERROR(worker_.open(kMaxHeaderBytes + std::max(sizeof(ucx::PutRequest),
-                                                                 sizeof(std::uint64_t) + ucx::kSharedSourceRefBytes)));
+    ECX_RETURN_IF_ERROR(worker_.open(
+        kMaxHeaderBytes + std::max(sizeof(ucx::PutRequest), sizeof(std::uint64_t) + ucx::kSharedSourceRefBytes)));
     ucp_context_attr_t attr{};
     attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
     device_memory_ = ucp_context_query(worker_.context(), &attr) == UCS_OK &&

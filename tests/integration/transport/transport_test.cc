@@ -24,6 +24,7 @@
 #include "ecx/transport/ucx_transport.h"
 #include "peer_protocol.h"
 #include "transport/address.h"
+#include "transport/ucx/shared_sources.h"
 
 namespace ecx::transport::testing {
 namespace {
@@ -688,6 +689,79 @@ TEST(SharedSources, AReceiverThatCannotMapTheSendersMemoryIsSentBytes) {
   EXPECT_EQ(stats.shared_fallbacks, 1u);
   EXPECT_EQ(stats.sends_ok, 3u);
   static_cast<void>(receiver.write_line("quit"));
+}
+
+// What a shared payload's message carries: read back whole; a truncated one, or one
+// whose payload lies outside its region, is refused before anything is mapped.
+TEST(SharedSources, APlaceRoundTripsAndATruncatedOrOverrunningOneIsRefused) {
+  ucx::SharedSourceRef ref;
+  ref.host[0] = std::byte{7};
+  ref.file = {1234, 5, 99, 42};
+  ref.fd_offset = 4096;
+  ref.region_size = 1 << 20;
+  ref.offset = 8192;
+  ref.length = 65536;
+  ref.copy_by_ns = 123456789;
+  std::vector<std::byte> bytes(ucx::kSharedSourceRefBytes);
+  ucx::encode_shared_source(ref, bytes.data());
+  auto back = ucx::decode_shared_source(bytes);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->host, ref.host);
+  EXPECT_EQ(back->file, ref.file);
+  EXPECT_EQ(back->fd_offset, ref.fd_offset);
+  EXPECT_EQ(back->region_size, ref.region_size);
+  EXPECT_EQ(back->offset, ref.offset);
+  EXPECT_EQ(back->length, ref.length);
+  EXPECT_EQ(back->copy_by_ns, ref.copy_by_ns);
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_FALSE(ucx::decode_shared_source(std::span(bytes).first(cut))) << cut;
+  }
+  for (auto [offset, length] :
+       {std::pair<std::uint64_t, std::uint64_t>{(1 << 20) - 100, 200}, {~0ULL - 10, 100}, {0, (1 << 20) + 1}}) {
+    ref.offset = offset;
+    ref.length = length;
+    ucx::encode_shared_source(ref, bytes.data());
+    EXPECT_FALSE(ucx::decode_shared_source(bytes)) << offset << "+" << length;
+  }
+}
+
+// The receiving side maps only the file the sender named, on this boot of this host.
+TEST(SharedSources, OnlyTheNamedSealedFileOfThisHostIsMapped) {
+  ASSERT_TRUE(ucx::host_identity().has_value()) << "no boot id on this machine";
+  auto slab = pool::Slab::allocate(pool::MemoryKind::host, 1 << 20, pool::SlabOptions{.shared = true});
+  ASSERT_TRUE(slab);
+  std::memset(slab->data(), 0x5c, slab->size());
+  auto file = ucx::describe_shared_file(slab->shared_fd(), 0, slab->size());
+  ASSERT_TRUE(file) << file.status().to_string();
+  ucx::SharedSourceRef ref;
+  ref.host = *ucx::host_identity();
+  ref.file = *file;
+  ref.region_size = slab->size();
+  ref.offset = 4096;
+  ref.length = 4096;
+  ucx::SharedMappings mappings;
+  auto source = mappings.source(ref);
+  ASSERT_TRUE(source) << source.status().to_string();
+  EXPECT_EQ(std::memcmp(*source, slab->data() + 4096, 4096), 0);
+  EXPECT_EQ(mappings.size(), 1u);
+  auto again = mappings.source(ref);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(mappings.size(), 1u) << "the next payload from the region reuses its mapping";
+
+  auto other_host = ref;
+  other_host.host[0] ^= std::byte{1};
+  EXPECT_EQ(mappings.source(other_host).status().code(), StatusCode::unavailable);
+  auto other_file = ref;
+  other_file.file.inode += 1;
+  EXPECT_EQ(mappings.source(other_file).status().code(), StatusCode::unavailable);
+  auto too_long = ref;
+  too_long.region_size = 4ULL << 20;
+  too_long.offset = 0;
+  EXPECT_EQ(mappings.source(too_long).status().code(), StatusCode::unavailable) << "beyond the file's end";
+
+  mappings.forget(ref.file);
+  EXPECT_EQ(mappings.size(), 0u);
+  EXPECT_EQ(mappings.mapped_bytes(), 0u);
 }
 
 TEST(SharedSources, ARegionWhoseFileIsNotASealedMemfdIsRefusedAtRegistration) {
