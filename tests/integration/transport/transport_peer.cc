@@ -85,7 +85,7 @@ int run_sender(const Args& args) {
       in >> header.index >> header.source_offset >> payload >> header.landing_length >> header.flags;
       if (!(in >> deadline_ms)) deadline_ms = 60'000;
       const auto index = header.index;
-      auto on_sent = [index](Status result) {
+      auto on_sent = [index](const Status& result) {
         say("sent " + std::to_string(index) + " " + std::string(status_code_name(result.code())));
       };
       const auto deadline = clock->now() + std::chrono::milliseconds(deadline_ms);
@@ -119,7 +119,7 @@ int run_sender(const Args& args) {
         }
         auto status = (*transport)
                           ->send(*endpoint, as_bytes(header), *region, header.source_offset, size,
-                                 clock->now() + std::chrono::seconds(60), [&, i](Status result) {
+                                 clock->now() + std::chrono::seconds(60), [&, i](const Status& result) {
                                    std::lock_guard lock(mutex);
                                    --in_flight;
                                    if (result) {
@@ -174,7 +174,7 @@ int run_receiver(const Args& args) {
     if (!slot) return slot.status();
     return Landing{base + slot->offset, header->landing_length, slot->offset};
   };
-  options.on_landing = [&](std::span<const std::byte> bytes, const Landing& landing, Status status) {
+  options.on_landing = [&](std::span<const std::byte> bytes, const Landing& landing, const Status& status) {
     auto header = parse_header(bytes);
     const bool intact = header && header->source_offset + landing.length <= kPatternBytes &&
                         std::memcmp(landing.destination, pattern.data() + header->source_offset, landing.length) == 0;
