@@ -451,10 +451,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   // Sent from in turn: one buffer for every message in flight, as ucx_perftest does, or
   // the --spread ring.
   const std::uint64_t slots = options.spread != 0 ? options.spread / size : 1;
-  auto slab = pool::Slab::allocate(pool::MemoryKind::host, size * slots,
-                                   pool::SlabOptions{.prefault = true, .shared = options.shared_sources});
-  if (!slab) return slab.status();
-  std::memset(slab->data(), 0x3c, slab->size());
+  std::optional<pool::Slab> slab;  // outlives the transport it is registered with
   transport::UcxOptions ucx;
   ucx.tls = std::string(ucx_tls(options.transport));
   ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
@@ -463,10 +460,17 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   auto created = transport::create_ucx_transport(ucx);
   if (!created) return created.status();
   auto& transport = *created;
-  auto region = options.shared_sources
-                    ? transport->register_shared_region(slab->data(), slab->size(),
-                                                        transport::SharedBacking{slab->shared_fd(), 0})
-                    : transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host);
+  // A memfd only where the transport uses it (as the producer's staging pool): it gets
+  // no huge pages, so a tcp run keeps anonymous memory.
+  const bool shared = transport->capabilities().shared_sources;
+  auto allocated =
+      pool::Slab::allocate(pool::MemoryKind::host, size * slots, pool::SlabOptions{.prefault = true, .shared = shared});
+  if (!allocated) return allocated.status();
+  slab.emplace(std::move(*allocated));
+  std::memset(slab->data(), 0x3c, slab->size());
+  auto region = shared ? transport->register_shared_region(slab->data(), slab->size(),
+                                                           transport::SharedBacking{slab->shared_fd(), 0})
+                       : transport->register_region(slab->data(), slab->size(), transport::MemoryKind::host);
   if (!region) return region.status();
   auto endpoint = transport->connect(line->substr(8));
   if (!endpoint) return endpoint.status();

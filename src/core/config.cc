@@ -345,7 +345,8 @@ const std::vector<KeySpec>& key_table() {
           "UCX decide (UCX_RNDV_THRESH).",
           set_bytes(&Config::ucx_rndv_thresh, 0, 1ULL << 30));
     extra("ucx_shared_sources", "boolean", "true",
-          "Producer: stage payloads in shared memory (a memfd); a consumer on the same host then copies a payload of "
+          "Producer: stage payloads in shared memory (a memfd) where the data plane can use it; a consumer on the same "
+          "host then copies a payload of "
           "at least ucx_rndv_thresh out of it itself, one memcpy instead of a socket or a kernel copy. Used only in "
           "am mode and where UCX_TLS allows shared memory (unset, all, or naming sm, posix or sysv); a consumer that "
           "cannot map the producer's memory says so and is sent bytes. false: plain staging memory.",

@@ -698,13 +698,13 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 
 Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std::shared_ptr<const Clock> clock) {
   auto state = std::make_shared<State>(config, clock ? std::move(clock) : SteadyClock::shared());
-  auto staging = StagingArea::create(config, state->clock);
-  if (!staging) return staging.status();
-  state->staging = std::move(*staging);
-
   auto created = transport::create_data_plane(config, state->clock, transport::DataPlaneRole::sender);
   if (!created) return Status(created.status().code(), "data plane: " + created.status().message());
   state->transport = std::move(*created);
+  // Shared staging only where the data plane uses it: a memfd gets no huge pages.
+  auto staging = StagingArea::create(config, state->clock, state->transport->capabilities().shared_sources);
+  if (!staging) return staging.status();
+  state->staging = std::move(*staging);
   state->one_sided = state->transport->capabilities().landing == transport::LandingChoice::sender;
   auto region = state->staging->shared_fd() >= 0
                     ? state->transport->register_shared_region(state->staging->base(), state->staging->capacity(),

@@ -11,15 +11,15 @@
 
 namespace ecx::producer {
 
-Result<std::unique_ptr<StagingArea>> StagingArea::create(const Config& config, std::shared_ptr<const Clock> clock) {
+Result<std::unique_ptr<StagingArea>> StagingArea::create(const Config& config, std::shared_ptr<const Clock> clock,
+                                                         bool shared) {
   pool::SlabOptions slab_options;
   slab_options.huge_pages = config.huge_pages;
   slab_options.lock = config.mlock;
   slab_options.prefault = config.prefault;
   const auto kind = config.buffer_device == "cpu" ? pool::MemoryKind::host : pool::MemoryKind::cuda_pinned;
   // Where a same-host consumer may copy payloads out of it (see ucx_shared_sources).
-  slab_options.shared = kind == pool::MemoryKind::host && config.ucx_shared_sources && config.transport == "ucx" &&
-                        config.ucx_mode == "am";
+  slab_options.shared = shared && kind == pool::MemoryKind::host;
   auto slab = pool::Slab::allocate(kind, config.buffer_size, slab_options);
   if (!slab) return Status(slab.status().code(), "staging pool: " + slab.status().message());
   return std::unique_ptr<StagingArea>(  // NOLINT: private constructor

@@ -50,7 +50,10 @@ class StagingArea {
     }
   };
 
-  static Result<std::unique_ptr<StagingArea>> create(const Config& config, std::shared_ptr<const Clock> clock);
+  // `shared`: host staging in a memfd, for a data plane whose same-host receivers copy
+  // payloads out themselves (Capabilities::shared_sources).
+  static Result<std::unique_ptr<StagingArea>> create(const Config& config, std::shared_ptr<const Clock> clock,
+                                                     bool shared = false);
 
   // Copies `nbytes` from `data` into a fresh slot (and hashes it when `checksum` is
   // on). resource_exhausted when the pool has no room (the message says how full it is).

@@ -185,6 +185,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
     Capabilities c;
     c.device_memory = device_memory_;
     c.confirmed_sends = am_ != nullptr;
+    c.shared_sources = am_ != nullptr && am_->shared_sources();
     return c;
   }
 

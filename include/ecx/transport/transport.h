@@ -99,6 +99,9 @@ struct Capabilities {
   // send_confirmed() is available: its on_sent carries the receiver's verdict even for a
   // payload small enough to go eagerly.
   bool confirmed_sends = false;
+  // register_shared_region pays off: a same-host receiver may copy payloads out of
+  // shared memory itself (elsewhere it is an ordinary registration).
+  bool shared_sources = false;
 };
 std::string_view landing_choice_name(LandingChoice choice) noexcept;
 

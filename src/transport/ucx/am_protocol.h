@@ -57,6 +57,7 @@ class AmProtocol final : public SendProtocol {
 
   // Progress thread: whether this side sends and takes shared sources (after the worker opened).
   void enable_shared_sources();
+  bool shared_sources() const noexcept { return shared_sources_; }
   // A shared region was deregistered: the peers that were sent a place in it unmap it.
   void shared_region_gone(const Region::Shared& shared);
   // Unmaps what senders no longer hold (a sender that died cannot say so); see SharedMappings::sweep.
