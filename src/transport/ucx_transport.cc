@@ -208,7 +208,7 @@ class UcxTransport final : public Transport, private ucx::ProgressHooks {
 
   bool handle_deferred() override {
     const bool answered = am_ && am_->send_held_verdicts();  // what the progress pass decided
-    if (am_) am_->sweep_shared_mappings(options_.clock->now());
+    if (am_) am_->sweep_shared_mappings();
     return endpoints_.handle_deferred() || answered;
   }
   void expire_deadlines() override { transfers_.expire_deadlines(); }

@@ -61,8 +61,10 @@ class AmProtocol final : public SendProtocol {
   // A shared region was deregistered: the peers that were sent a place in it unmap it.
   void shared_region_gone(const Region::Shared& shared);
   // Unmaps what senders no longer hold (a sender that died cannot say so); see SharedMappings::sweep.
-  void sweep_shared_mappings(TimePoint now) {
-    mappings_.sweep(now);
+  // Called after every progress pass: costs nothing while no sender's memory is mapped.
+  void sweep_shared_mappings() {
+    if (mappings_.size() == 0) return;
+    mappings_.sweep(options_.clock->now());
     stats_.shared_mapped_bytes.store(mappings_.mapped_bytes());
   }
 
