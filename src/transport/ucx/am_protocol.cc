@@ -163,20 +163,36 @@ void AmProtocol::resend_refused(std::uint64_t op_id, ucp_ep_h arrived_on, std::s
   SendOp* op = transfers_.find_send(op_id);
   if (op == nullptr || !op->shared || arrived_on == nullptr || endpoints_.id_of(arrived_on) != op->endpoint) return;
   Endpoint* endpoint = endpoints_.find(op->endpoint);
-  Region* region = regions_.find(op->region);
-  if (endpoint == nullptr || region == nullptr) {
-    transfers_.finish_send(op_id, unavailable("the payload's endpoint or region went while it was resent"));
+  if (endpoint == nullptr) return;
+  endpoint->shared_answered = true;
+  resend_as_bytes(*op, *endpoint, reason);
+}
+
+bool AmProtocol::retry_expired(SendOp& op) {
+  if (!op.shared) return false;
+  Endpoint* endpoint = endpoints_.find(op.endpoint);
+  if (endpoint == nullptr || endpoint->failed || endpoint->shared_answered) return false;
+  resend_as_bytes(op, *endpoint,
+                  "no answer to a payload sent as its place in shared memory within 1 s: a peer without shared "
+                  "sources drops that message");
+  return true;
+}
+
+void AmProtocol::resend_as_bytes(SendOp& op, Endpoint& endpoint, std::string_view reason) {
+  Region* region = regions_.find(op.region);
+  if (region == nullptr) {
+    transfers_.finish_send(op.id, unavailable("the payload's region went while it was resent"));
     return;
   }
-  if (!endpoint->shared_refused) {
+  if (!endpoint.shared_refused) {
     logger()->info("peer {} cannot copy payloads out of this process's shared memory ({}); it is sent bytes instead",
-                   printable(endpoint->peer), reason);
+                   printable(endpoint.peer), reason);
   }
-  endpoint->shared_refused = true;
-  op->shared = false;
-  transfers_.move_deadline(*op, op->deadline_before_shared);
+  endpoint.shared_refused = true;
+  op.shared = false;
+  transfers_.move_deadline(op, op.deadline_before_shared);
   stats_.shared_fallbacks.fetch_add(1);
-  post(*op, *endpoint, *region);
+  post(op, endpoint, *region);
 }
 
 void AmProtocol::shared_region_gone(const Region::Shared& shared) {
@@ -217,6 +233,9 @@ void AmProtocol::take_verdict(std::uint64_t op_id, ucp_ep_h arrived_on, Status v
       endpoints_.id_of(arrived_on) != op->endpoint) {
     logger()->debug("ignored a verdict for send {} (unknown, finished or from another peer)", op_id);
     return;
+  }
+  if (op->shared) {
+    if (Endpoint* endpoint = endpoints_.find(op->endpoint)) endpoint->shared_answered = true;
   }
   if (op->request != nullptr) {
     op->verdict = std::move(verdict);  // the request's completion finishes it

@@ -49,6 +49,9 @@ class AmProtocol final : public SendProtocol {
 
   void post(SendOp& op, Endpoint& endpoint, Region& region) override;
   void request_done(SendOp& op) override;
+  // A shared payload that an endpoint never answered within the copy window: a peer
+  // without shared sources (an older build drops message 24 unread) is sent bytes.
+  bool retry_expired(SendOp& op) override;
 
   // Progress thread, after each progress pass: sends the verdicts it held, one message
   // per endpoint (an endpoint that failed meanwhile gets none: its sender's sends fail
@@ -85,6 +88,7 @@ class AmProtocol final : public SendProtocol {
   bool post_shared(SendOp& op, Endpoint& endpoint, Region& region);
   // The receiver could not map the region: this peer gets bytes from now on.
   void resend_refused(std::uint64_t op_id, ucp_ep_h arrived_on, std::string_view reason);
+  void resend_as_bytes(SendOp& op, Endpoint& endpoint, std::string_view reason);
   static ucs_status_t on_verdict_batch_am(void* arg, const void* header, std::size_t header_length, void* data,
                                           std::size_t length, const ucp_am_recv_param_t* param);
   struct Confirms {

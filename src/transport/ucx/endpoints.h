@@ -40,6 +40,8 @@ struct Endpoint {
   bool described = false;
   // The peer said it cannot map this side's shared sources: send it bytes instead.
   bool shared_refused = false;
+  // The peer answered a shared payload (a verdict or a refusal): it knows message 24.
+  bool shared_answered = false;
   std::set<std::uint64_t> sends;  // op ids using this endpoint
   // Receiving side: landings this peer is writing (put mode: granted; am mode: a
   // rendezvous payload being fetched from it).

@@ -210,6 +210,7 @@ void Transfers::expire_deadlines() {
     deadlines_.erase(deadlines_.begin());
     auto found = sends_.find(op_id);
     if (found == sends_.end()) continue;
+    if (found->second->request == nullptr && protocol_->retry_expired(*found->second)) continue;
     found->second->expired = true;
     stats_.deadline_expiries.fetch_add(1);
     // A shared send has no UCX request to cancel: it ends here, its endpoint stays.

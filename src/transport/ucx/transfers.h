@@ -77,6 +77,9 @@ class SendProtocol {
   virtual void post(SendOp& op, Endpoint& endpoint, Region& region) = 0;
   // A UCX request of `op` finished well: the whole send (am) or its flush (put).
   virtual void request_done(SendOp& op) = 0;
+  // `op` (no UCX request held) reached its deadline: true when the protocol sent it
+  // again another way (with a deadline of its own), false to let it fail.
+  virtual bool retry_expired(SendOp& /*op*/) { return false; }
 };
 
 class Transfers final : public EndpointObserver {

@@ -7,6 +7,8 @@
 //   transport_peer send --connect ADDR
 //     send INDEX SOURCE_OFFSET PAYLOAD_BYTES LANDING_BYTES FLAGS [DEADLINE_MS] -> "sent INDEX <status>"
 //     deregister -> "deregistered <status>" (the pattern region; later sends fail)
+//     stats -> "stats SHARED_SENDS SHARED_FALLBACKS"
+//     advance MS -> moves the sender's clock (with --manual-clock 1; deadlines then pass only so)
 //     random SEED COUNT WINDOW  -> "failed INDEX <status>" per failure, then "random-done OK FAILED"
 //   transport_peer receive --listen HOST
 //     prints "address ADDR", then "landed INDEX <status> verified|corrupt" per landing and
@@ -23,6 +25,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
@@ -44,6 +48,7 @@ struct Args {
   UcxMode mode = UcxMode::am;
   bool peer_errors = true;
   std::optional<bool> shared;
+  bool manual_clock = false;
 };
 
 int run_sender(const Args& args) {
@@ -57,6 +62,10 @@ int run_sender(const Args& args) {
   options.tls = args.tls;
   options.mode = args.mode;
   options.peer_error_handling = args.peer_errors;
+  const auto manual = std::make_shared<ManualClock>();
+  const std::shared_ptr<const Clock> clock =
+      args.manual_clock ? std::shared_ptr<const Clock>(manual) : std::shared_ptr<const Clock>(SteadyClock::shared());
+  options.clock = clock;
   auto transport = create_ucx_transport(options);
   if (!transport) return say("error " + transport.status().to_string()), 1;
   auto region =
@@ -64,7 +73,6 @@ int run_sender(const Args& args) {
              : (*transport)->register_region(slab->data(), slab->size(), MemoryKind::host);
   auto endpoint = (*transport)->connect(args.connect);
   if (!region || !endpoint) return say("error cannot register or connect"), 1;
-  const auto clock = SteadyClock::shared();
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -76,7 +84,14 @@ int run_sender(const Args& args) {
     std::string command;
     in >> command;
     if (command == "quit") break;
-    if (command == "deregister") {
+    if (command == "stats") {
+      const auto stats = (*transport)->stats();
+      say(fmt::format("stats {} {}", stats.shared_sends, stats.shared_fallbacks));
+    } else if (command == "advance") {
+      std::uint64_t ms = 0;
+      in >> ms;
+      manual->advance(std::chrono::milliseconds(ms));
+    } else if (command == "deregister") {
       say("deregistered " + std::string(status_code_name((*transport)->deregister_region(*region).code())));
     } else if (command == "send") {
       TestHeader header;
@@ -211,6 +226,7 @@ int main(int argc, char** argv) {
     if (key == "--tls") args.tls = value;
     if (key == "--peer-errors") args.peer_errors = value == "1";
     if (key == "--shared") args.shared = value == "1";
+    if (key == "--manual-clock") args.manual_clock = value == "1";
     if (key == "--mode") args.mode = ecx::transport::parse_ucx_mode(value).value_or(ecx::transport::UcxMode::am);
   }
   if (args.role == "send") return run_sender(args);
