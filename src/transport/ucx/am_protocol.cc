@@ -25,8 +25,9 @@ constexpr unsigned kVerdictBatchAm = 23;
 // pid, fd, inode, device, region offset and size, payload offset and length), the
 // payload header. No data: the receiver copies the payload out of the sender's memory.
 constexpr unsigned kSharedDataAm = 24;
-// header: the send's id (u64 LE), why (UTF-8): the receiver cannot map the sender's
-// memory; the sender resends the payload as 21 and sends that peer bytes from then on.
+// header: as 22 (the send's id, a status code, why): the receiver cannot map the
+// sender's memory; the sender resends the payload as 21 and sends that peer bytes from
+// then on.
 constexpr unsigned kSharedRefusedAm = 25;
 // header: pid, fd, inode, device of a file whose region the sender deregistered.
 constexpr unsigned kSharedGoneAm = 26;
@@ -34,6 +35,9 @@ constexpr unsigned kSharedGoneAm = 26;
 // source is the sender's again. Short, because a shared send whose endpoint failed
 // waits for it (the receiver may still be copying) rather than failing at once.
 constexpr Duration kSharedCopyWindow = std::chrono::seconds(1);
+// The smallest shared payload where the rendezvous threshold is left to UCX (0): the
+// size from which ECX's own default sends rendezvous.
+constexpr std::uint64_t kSharedFromBytesWhenUcxDecides = 128ULL * 1024;
 // Taken off the receiver's copy-by time: the two clocks are read at different moments.
 constexpr std::uint64_t kCopyByMarginNs = 1'000'000;
 constexpr std::size_t kIdBytes = 8;
@@ -129,7 +133,8 @@ void AmProtocol::enable_shared_sources() {
 
 bool AmProtocol::post_shared(SendOp& op, Endpoint& endpoint, Region& region) {
   // Payloads that would go rendezvous: an eager one is already a single copy.
-  const std::uint64_t from = options_.rndv_threshold_bytes != 0 ? options_.rndv_threshold_bytes : 128ULL * 1024;
+  const std::uint64_t from =
+      options_.rndv_threshold_bytes != 0 ? options_.rndv_threshold_bytes : kSharedFromBytesWhenUcxDecides;
   if (!shared_sources_ || !region.shared || endpoint.shared_refused || op.length < from) return false;
   SharedSourceRef ref;
   ref.host = *host_identity();
@@ -316,32 +321,26 @@ ucs_status_t AmProtocol::on_shared_data_am(void* arg, const void* header, std::s
   const auto id = get_le<std::uint64_t>(bytes.data());
   auto source = self->shared_sources_ ? self->mappings_.source(*ref)
                                       : Result<const std::byte*>(unavailable("shared sources are off on this side"));
-  self->stats_.shared_mapped_bytes.store(self->mappings_.mapped_bytes());
-  if (!source) {
-    const Status refused = source.status();  // reason_of() views its message
-    const std::string_view reason = reason_of(refused);
-    std::vector<std::byte> refusal(kIdBytes + reason.size());
-    put_le(refusal.data(), id & ~kBatchesWelcome);
-    std::memcpy(refusal.data() + kIdBytes, reason.data(), reason.size());
-    static_cast<void>(self->send_message(sender, kSharedRefusedAm, std::move(refusal)));
+  self->publish_mapped_bytes();
+  if (!source) {  // laid out as a verdict, under its own message id
+    static_cast<void>(
+        self->send_message(sender, kSharedRefusedAm, encode_verdict(id & ~kBatchesWelcome, source.status())));
     return UCS_OK;
   }
-  const std::uint64_t landed_before = self->stats_.landings_ok.load();
   // As an eager payload: resolved, copied (from the sender's memory), answered.
   static_cast<void>(self->receive_data(bytes.subspan(kIdBytes + kSharedSourceRefBytes),
                                        // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): only read (eager path)
                                        const_cast<std::byte*>(*source), ref->length, /*rendezvous=*/false, sender,
                                        Confirms{id & ~kBatchesWelcome, (id & kBatchesWelcome) != 0}, ref->copy_by_ns));
-  if (self->stats_.landings_ok.load() != landed_before) self->stats_.shared_landings.fetch_add(1);
   return UCS_OK;
 }
 
 ucs_status_t AmProtocol::on_shared_refused_am(void* arg, const void* header, std::size_t header_length, void* /*data*/,
                                               std::size_t /*length*/, const ucp_am_recv_param_t* param) {
-  if (header_length < kIdBytes) return UCS_OK;
+  if (header_length <= kIdBytes) return UCS_OK;
   const auto* bytes = static_cast<const std::byte*>(header);
   const ucp_ep_h peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
-  const std::string_view reason(reinterpret_cast<const char*>(bytes + kIdBytes), header_length - kIdBytes);
+  const std::string_view reason(reinterpret_cast<const char*>(bytes + kIdBytes + 1), header_length - kIdBytes - 1);
   static_cast<AmProtocol*>(arg)->resend_refused(get_le<std::uint64_t>(bytes), peer, reason);
   return UCS_OK;
 }
@@ -351,7 +350,7 @@ ucs_status_t AmProtocol::on_shared_gone_am(void* arg, const void* header, std::s
   if (auto file = decode_shared_file(std::span(static_cast<const std::byte*>(header), header_length))) {
     auto* self = static_cast<AmProtocol*>(arg);
     self->mappings_.forget(*file);
-    self->stats_.shared_mapped_bytes.store(self->mappings_.mapped_bytes());
+    self->publish_mapped_bytes();
   }
   return UCS_OK;
 }
@@ -471,6 +470,7 @@ ucs_status_t AmProtocol::receive_data(std::span<const std::byte> header, void* d
       answer(late);
       return UCS_OK;
     }
+    if (copy_by_ns) stats_.shared_landings.fetch_add(1);
     transfers_.report_landing(*pending, Status::ok());
     answer(Status::ok());
     return UCS_OK;

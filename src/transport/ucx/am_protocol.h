@@ -68,7 +68,7 @@ class AmProtocol final : public SendProtocol {
   void sweep_shared_mappings() {
     if (mappings_.size() == 0) return;
     mappings_.sweep(options_.clock->now());
-    stats_.shared_mapped_bytes.store(mappings_.mapped_bytes());
+    publish_mapped_bytes();
   }
 
  private:
@@ -84,6 +84,8 @@ class AmProtocol final : public SendProtocol {
                                            std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_shared_gone_am(void* arg, const void* header, std::size_t header_length, void* data,
                                         std::size_t length, const ucp_am_recv_param_t* param);
+  // TransportStats::shared_mapped_bytes, after the mappings changed.
+  void publish_mapped_bytes() { stats_.shared_mapped_bytes.store(mappings_.mapped_bytes()); }
   // Sends `op` as its place in the shared region; false when it must go as bytes.
   bool post_shared(SendOp& op, Endpoint& endpoint, Region& region);
   // The receiver could not map the region: this peer gets bytes from now on.

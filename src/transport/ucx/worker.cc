@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -19,19 +20,31 @@ namespace ecx::transport::ucx {
 
 namespace {
 
+// The names of a UCX_TLS list ("a,b,c"; an exclusion list "^a,b" without its '^').
+std::vector<std::string_view> tls_names(std::string_view tls) {
+  if (!tls.empty() && tls.front() == '^') tls.remove_prefix(1);
+  std::vector<std::string_view> names;
+  while (!tls.empty()) {
+    const auto comma = tls.find(',');
+    names.push_back(tls.substr(0, comma));
+    tls = comma == std::string_view::npos ? std::string_view{} : tls.substr(comma + 1);
+  }
+  return names;
+}
+
+template <std::size_t N>
+bool listed(const std::array<std::string_view, N>& list, std::string_view name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
+
 // Whether a UCX_TLS list names shared-memory transports only. A list that excludes
 // ('^...') or is empty leaves UCX to choose among all it has.
 bool only_shared_memory(std::string_view tls) {
   if (tls.empty() || tls.front() == '^') return false;
   static constexpr std::array<std::string_view, 9> kShared = {"sm",    "shm", "mm",   "posix", "sysv",
                                                               "xpmem", "cma", "knem", "self"};
-  while (!tls.empty()) {
-    const auto comma = tls.find(',');
-    const std::string_view name = tls.substr(0, comma);
-    if (std::find(kShared.begin(), kShared.end(), name) == kShared.end()) return false;
-    tls = comma == std::string_view::npos ? std::string_view{} : tls.substr(comma + 1);
-  }
-  return true;
+  const auto names = tls_names(tls);
+  return std::all_of(names.begin(), names.end(), [](std::string_view name) { return listed(kShared, name); });
 }
 
 // Whether a UCX_TLS list lets UCX use shared memory: empty (UCX chooses among all it
@@ -40,16 +53,10 @@ bool only_shared_memory(std::string_view tls) {
 bool allows_shared_memory(std::string_view tls) {
   if (tls.empty()) return true;
   static constexpr std::array<std::string_view, 6> kShared = {"sm", "shm", "mm", "posix", "sysv", "all"};
-  const bool excluding = tls.front() == '^';
-  if (excluding) tls.remove_prefix(1);
-  bool named = false;
-  while (!tls.empty()) {
-    const auto comma = tls.find(',');
-    const std::string_view name = tls.substr(0, comma);
-    named = named || std::find(kShared.begin(), kShared.end(), name) != kShared.end();
-    tls = comma == std::string_view::npos ? std::string_view{} : tls.substr(comma + 1);
-  }
-  return excluding != named;
+  const auto names = tls_names(tls);
+  const bool named =
+      std::any_of(names.begin(), names.end(), [](std::string_view name) { return listed(kShared, name); });
+  return (tls.front() == '^') != named;
 }
 
 }  // namespace

@@ -802,6 +802,28 @@ TEST(SharedSources, OnlyTheNamedSealedFileOfThisHostIsMapped) {
   EXPECT_EQ(mappings.mapped_bytes(), 0u);
 }
 
+// Shared sources follow the operator's transport list: only where it lets UCX use
+// shared memory (and in am mode, with the option on).
+TEST(SharedSources, AreUsedOnlyWhereTheTransportListAllowsSharedMemory) {
+  const std::pair<const char*, bool> cases[] = {{"tcp", false}, {"sm", true},   {"tcp,sm,self", true},
+                                                {"^sm", false}, {"^tcp", true}, {"tcp,posix", true}};
+  for (const auto& [tls, expected] : cases) {
+    UcxOptions options;
+    options.tls = tls;
+    options.peer_error_handling = false;
+    auto transport = create_ucx_transport(options);
+    ASSERT_TRUE(transport) << tls << ": " << transport.status().to_string();
+    EXPECT_EQ((*transport)->capabilities().shared_sources, expected) << tls;
+  }
+  UcxOptions off;
+  off.tls = "sm";
+  off.peer_error_handling = false;
+  off.shared_sources = false;
+  auto transport = create_ucx_transport(off);
+  ASSERT_TRUE(transport);
+  EXPECT_FALSE((*transport)->capabilities().shared_sources) << "turned off";
+}
+
 TEST(SharedSources, ARegionWhoseFileIsNotASealedMemfdIsRefusedAtRegistration) {
   auto plain = pool::Slab::allocate(pool::MemoryKind::host, 1 << 20);
   ASSERT_TRUE(plain);
