@@ -211,6 +211,10 @@ void Transfers::expire_deadlines() {
     auto found = sends_.find(op_id);
     if (found == sends_.end()) continue;
     if (found->second->request == nullptr && protocol_->retry_expired(*found->second)) continue;
+    if (auto failure = found->second->connection_failure) {
+      finish_send(op_id, *failure);
+      continue;
+    }
     found->second->expired = true;
     stats_.deadline_expiries.fetch_add(1);
     // A shared send has no UCX request to cancel: it ends here, its endpoint stays.
@@ -271,13 +275,17 @@ void Transfers::abandon_all(const Status& status) {
 
 void Transfers::on_endpoint_failed(Endpoint& endpoint, const Status& status) {
   // Sends with no UCX request outstanding (put mode, waiting for a grant). A shared one
-  // on an endpoint this side closed (a deadline: the peer may be alive and still copy
-  // it out) waits for its own short deadline; its source is not the sender's before.
-  const bool peer_may_copy = status.code() == StatusCode::timeout;
+  // waits for its copy-by time and fails then, with this status: a failed connection
+  // does not prove its peer stopped copying (this side closed it on a deadline, or the
+  // peer dropped it while a resolver still held the copy), and its source is not the
+  // sender's before.
   std::vector<std::uint64_t> unstarted;
   for (const auto op_id : endpoint.sends) {
     auto op = sends_.find(op_id);
-    if (op != sends_.end() && op->second->request == nullptr && !(op->second->shared && peer_may_copy)) {
+    if (op == sends_.end() || op->second->request != nullptr) continue;
+    if (op->second->shared) {
+      op->second->connection_failure = status;
+    } else {
       unstarted.push_back(op_id);
     }
   }

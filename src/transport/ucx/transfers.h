@@ -52,6 +52,8 @@ struct SendOp {
   // with the receiver's verdict (or falls back to a plain send when the peer refuses).
   bool shared = false;
   TimePoint deadline_before_shared{};  // restored when it falls back to bytes
+  // A shared send whose connection failed: reported with this at its copy-by time.
+  std::optional<Status> connection_failure;
   // Reported to its owner (deadline) while UCX still holds the request; see abandon_send().
   bool abandoned = false;
 };
