@@ -92,6 +92,10 @@ DataLink ucx_link(const BenchOptions& options) {
   return uses_ucx(options.transport) ? options.transport : DataLink::tcp;
 }
 
+// ECX's endpoints over tcp use UCX's peer error handling (a dead peer fails its sends
+// at once); UCX 1.13's shared-memory transports cannot run with it.
+bool ecx_peer_errors(const BenchOptions& options) { return ucx_link(options) == DataLink::tcp; }
+
 // A measured send's header carries its send time (monotonic ns, little-endian, after
 // a marker): the receiver on the same host stamps the delivery against it.
 constexpr std::uint64_t kSentMarker = 0x6563782d73656e74ULL;  // "ecx-sent"
@@ -231,6 +235,9 @@ struct Series {
   // the sender's completion, an eager send's is not done before the bytes arrive.
   std::optional<double> delivery_p50_us, delivery_p99_us;
   std::optional<double> ratio_vs_perftest;
+  // Against the best primitive run with endpoint error handling (ucx_perftest -e), as
+  // ECX's own endpoints are over tcp (ucx_peer_errors).
+  std::optional<double> ratio_vs_perftest_same_mode;
   // CPU time of both processes' threads per measured message (the sender's over its
   // measured sends, the receiver's from its first measured landing): what the raw data
   // plane costs the machine per item, for `ecx bench e2e`'s CPU table.
@@ -305,7 +312,7 @@ int run_consumer(const BenchOptions& options) {
   }
   transport::UcxOptions ucx;
   ucx.tls = std::string(ucx_tls(options.transport));
-  ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
+  ucx.peer_error_handling = ecx_peer_errors(options);
   // As an ECX consumer: the same endpoints, so the same UCX lanes.
   ucx.address_kind = transport::receiver_address_kind(ucx.peer_error_handling);
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
@@ -454,7 +461,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   std::optional<pool::Slab> slab;  // outlives the transport it is registered with
   transport::UcxOptions ucx;
   ucx.tls = std::string(ucx_tls(options.transport));
-  ucx.peer_error_handling = ucx_link(options) == DataLink::tcp;  // UCX 1.13 shared memory cannot do it
+  ucx.peer_error_handling = ecx_peer_errors(options);
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   ucx.shared_sources = options.shared_sources;
   auto created = transport::create_ucx_transport(ucx);
@@ -630,6 +637,8 @@ Result<int> free_port() {
 // baseline is UCX at its best on this transport, not UCX at its defaults.
 // ucx_perftest's bandwidth tests ECX is measured against (ucp_<name>_bw); put is the
 // one-sided one, which some transports emulate or lack.
+constexpr std::string_view kPeerErrorsSuffix = "_peer_errors";
+
 struct PerftestPrimitive {
   std::string_view name;
   bool one_sided;
@@ -647,13 +656,21 @@ const PerftestPrimitive* find_primitive(std::string_view name) {
   return nullptr;
 }
 
+bool is_peer_errors_series(std::string_view name) { return name.ends_with(kPeerErrorsSuffix); }
+
+std::string perftest_series_name(std::string_view primitive, bool error_handling) {
+  return fmt::format("ucx_perftest_{}_bw{}", primitive, error_handling ? kPeerErrorsSuffix : "");
+}
+
 bool one_sided_primitive(std::string_view name) {
   const auto* primitive = find_primitive(name);
   return primitive != nullptr && primitive->one_sided;
 }
 
+// `error_handling`: endpoints with UCP_ERR_HANDLING_MODE_PEER (-e), as ECX's are over
+// tcp; the series is then named ucx_perftest_<name>_bw_peer_errors.
 Result<Series> run_perftest(const BenchOptions& options, const std::string& primitive, std::uint64_t size,
-                            std::uint64_t count) {
+                            std::uint64_t count, bool error_handling) {
   auto port = free_port();
   if (!port) return port.status();
   const std::string seg = std::to_string(transport::UcxOptions{}.tcp_seg_size_bytes);
@@ -666,8 +683,9 @@ Result<Series> run_perftest(const BenchOptions& options, const std::string& prim
   const auto* known = find_primitive(primitive);
   if (known == nullptr) return invalid_argument(fmt::format("ucx_perftest primitive '{}'", primitive));
   const std::string test(known->test);
-  const std::vector<std::string> common = {"-t", test,   "-s", std::to_string(size),  "-n", iterations,
-                                           "-w", warmup, "-p", std::to_string(*port), "-f"};
+  std::vector<std::string> common = {"-t", test,   "-s", std::to_string(size),  "-n", iterations,
+                                     "-w", warmup, "-p", std::to_string(*port), "-f"};
+  if (error_handling) common.emplace_back("-e");
   std::vector<std::string> server_args = {"ucx_perftest"};
   server_args.insert(server_args.end(), common.begin(), common.end());
   Child server(server_args, env);
@@ -701,7 +719,7 @@ Result<Series> run_perftest(const BenchOptions& options, const std::string& prim
     return unavailable(fmt::format("ucx_perftest failed or printed no result: '{}'", last));
   }
   Series series;
-  series.name = "ucx_perftest_" + primitive + "_bw";
+  series.name = perftest_series_name(primitive, error_handling);
   series.transport = data_link_name(options.transport);
   series.size = size;
   series.count = count;
@@ -737,6 +755,7 @@ nlohmann::json to_json(const Series& s) {
   if (s.delivery_p50_us) j["delivery_p50_us"] = *s.delivery_p50_us;
   if (s.delivery_p99_us) j["delivery_p99_us"] = *s.delivery_p99_us;
   if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
+  if (s.ratio_vs_perftest_same_mode) j["ratio_vs_ucx_perftest_same_mode"] = *s.ratio_vs_perftest_same_mode;
   if (s.cpu_us_per_message) j["cpu_us_per_message"] = *s.cpu_us_per_message;
   if (s.sleeps_per_message) j["sleeps_per_message"] = *s.sleeps_per_message;
   if (s.receiver_progress_sleeps_per_message) {
@@ -833,8 +852,8 @@ int run_bench(BenchOptions options) {
           (options.gap_us != 0 ? fmt::format(", each ECX send {} us after one completed", options.gap_us)
                                : std::string()),
       options.repeat, transport::ucx_library_version(), load, std::thread::hardware_concurrency());
-  std::cout << fmt::format("{:>10} {:>20} {:>9} {:>10} {:>10} {:>8}\n", "size", "series", "GB/s", "p50 us", "p99 us",
-                           "ratio");
+  std::cout << fmt::format("{:>10} {:>34} {:>9} {:>10} {:>10} {:>8} {:>10}\n", "size", "series", "GB/s", "p50 us",
+                           "p99 us", "ratio", "same mode");
   std::vector<Series> all;
   int rc = 0;
   std::vector<std::string> primitives;
@@ -851,8 +870,12 @@ int run_bench(BenchOptions options) {
   for (const auto size : sizes) {
     const std::uint64_t count = options.count != 0 ? options.count : auto_count(size);
     std::vector<Series> ecx_runs, mooncake_runs;
-    std::map<std::string, std::vector<Series>> perftest_runs;  // by primitive
-    std::map<std::string, std::string> perftest_errors;
+    std::map<std::string, std::vector<Series>> perftest_runs;  // by series name
+    std::map<std::string, std::pair<std::string, std::string>> perftest_errors;  // name -> (primitive, error)
+    // Each primitive as UCX runs it at its best (no error handling) and, where ECX's
+    // endpoints have it, with peer error handling too: the same mode as ECX.
+    std::vector<bool> perftest_modes = {false};
+    if (ecx_peer_errors(options)) perftest_modes.push_back(true);
     // Interleaved repetitions, so load from anything else on the machine hits both.
     for (std::uint32_t r = 0; r < options.repeat; ++r) {
       if (mooncake) {
@@ -869,12 +892,15 @@ int run_bench(BenchOptions options) {
         return 1;
       }
       ecx_runs.push_back(*ecx);
-      for (const auto& primitive : primitives) {
-        auto perftest = run_perftest(options, primitive, size, count);
-        if (perftest) {
-          perftest_runs[primitive].push_back(*perftest);
-        } else {
-          perftest_errors[primitive] = perftest.status().message();
+      for (const bool error_handling : perftest_modes) {
+        for (const auto& primitive : primitives) {
+          const std::string name = perftest_series_name(primitive, error_handling);
+          auto perftest = run_perftest(options, primitive, size, count, error_handling);
+          if (perftest) {
+            perftest_runs[name].push_back(*perftest);
+          } else {
+            perftest_errors[name] = {primitive, perftest.status().message()};
+          }
         }
       }
     }
@@ -883,18 +909,21 @@ int run_bench(BenchOptions options) {
       return runs[runs.size() / 2];
     };
     Series ecx = pick_median(ecx_runs);
-    // The baseline is the best primitive at this size (median of its runs).
+    // The baseline is the best primitive at this size (median of its runs); the
+    // same-mode baseline the best of those run with peer error handling.
     std::vector<Series> perftests;
-    for (const auto& primitive : primitives) {
-      if (auto it = perftest_runs.find(primitive); it != perftest_runs.end())
-        perftests.push_back(pick_median(it->second));
-    }
-    std::optional<Series> perftest;
+    for (auto& [name, runs] : perftest_runs) perftests.push_back(pick_median(runs));
+    std::sort(perftests.begin(), perftests.end(), [](const Series& a, const Series& b) {
+      return std::pair(is_peer_errors_series(a.name), a.name) < std::pair(is_peer_errors_series(b.name), b.name);
+    });
+    std::optional<Series> perftest, perftest_same_mode;
     for (const auto& p : perftests) {
-      if (!perftest || p.gbps > perftest->gbps) perftest = p;
+      auto& best = is_peer_errors_series(p.name) ? perftest_same_mode : perftest;
+      if (!best || p.gbps > best->gbps) best = p;
     }
     Series copy = run_memcpy(std::string(data_link_name(options.transport)), size, count);
     if (perftest) ecx.ratio_vs_perftest = ecx.gbps / perftest->gbps;
+    if (perftest_same_mode) ecx.ratio_vs_perftest_same_mode = ecx.gbps / perftest_same_mode->gbps;
     if (mooncake) {
       Series written = pick_median(mooncake_runs);
       if (perftest) written.ratio_vs_perftest = written.gbps / perftest->gbps;
@@ -905,22 +934,29 @@ int run_bench(BenchOptions options) {
       all.push_back(written);
     }
 
-    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10.1f} {:>10.1f} {:>8}\n",
+    auto ratio_text = [](const std::optional<double>& ratio) {
+      return ratio ? fmt::format("{:.2f}", *ratio) : std::string("-");
+    };
+    std::cout << fmt::format("{:>10} {:>34} {:>9.2f} {:>10.1f} {:>10.1f} {:>8} {:>10}\n",
                              mooncake ? "" : byte_size_label(size), mooncake ? "ecx (ucx tcp)" : "ecx", ecx.gbps,
-                             *ecx.p50_us, *ecx.p99_us,
-                             ecx.ratio_vs_perftest ? fmt::format("{:.2f}", *ecx.ratio_vs_perftest) : "-");
+                             *ecx.p50_us, *ecx.p99_us, ratio_text(ecx.ratio_vs_perftest),
+                             ratio_text(ecx.ratio_vs_perftest_same_mode));
     for (auto& p : perftests) {
-      p.ratio_vs_perftest = p.gbps / perftest->gbps;
-      std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8.2f}{}\n", "", p.name, p.gbps, "-", "-",
-                               *p.ratio_vs_perftest, p.name == perftest->name ? "  (best)" : "");
+      const bool same_mode = is_peer_errors_series(p.name);
+      if (perftest) p.ratio_vs_perftest = p.gbps / perftest->gbps;
+      if (same_mode) p.ratio_vs_perftest_same_mode = p.gbps / perftest_same_mode->gbps;
+      const auto& best = same_mode ? perftest_same_mode : perftest;
+      std::cout << fmt::format("{:>10} {:>34} {:>9.2f} {:>10} {:>10} {:>8} {:>10}{}\n", "", p.name, p.gbps, "-", "-",
+                               ratio_text(p.ratio_vs_perftest), ratio_text(p.ratio_vs_perftest_same_mode),
+                               p.name == best->name ? "  (best)" : "");
     }
-    for (const auto& [primitive, error] : perftest_errors) {
-      if (perftest_runs.count(primitive)) continue;
-      std::cout << fmt::format("{:>10} {:>20}   failed: {}\n", "", "ucx_perftest_" + primitive + "_bw", error);
+    for (const auto& [name, failure] : perftest_errors) {
+      if (perftest_runs.count(name)) continue;
+      std::cout << fmt::format("{:>10} {:>34}   failed: {}\n", "", name, failure.second);
       // Put needs an RMA lane some transports lack; the others must run.
-      if (!one_sided_primitive(primitive)) rc = 1;
+      if (!one_sided_primitive(failure.first)) rc = 1;
     }
-    std::cout << fmt::format("{:>10} {:>20} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "memcpy", copy.gbps, "-", "-",
+    std::cout << fmt::format("{:>10} {:>34} {:>9.2f} {:>10} {:>10} {:>8}\n", "", "memcpy", copy.gbps, "-", "-",
                              perftest ? fmt::format("{:.2f}", copy.gbps / perftest->gbps) : "-");
     std::cout << std::flush;
     all.push_back(ecx);
@@ -928,8 +964,9 @@ int run_bench(BenchOptions options) {
     all.push_back(copy);
   }
   std::cout << "ratio: GB/s divided by the best ucx_perftest primitive's at that size (each run with ECX's TCP "
-               "segment size); p50/p99: per-message send-to-completion latency with the "
-               "window in flight\n";
+               "segment size, without error handling: UCX at its best); same mode: divided by the best primitive "
+               "run with peer error handling (ucx_perftest -e, the *_peer_errors series), as ECX's endpoints are "
+               "over tcp; p50/p99: per-message send-to-completion latency with the window in flight\n";
   if (!options.json_file.empty()) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& s : all) list.push_back(to_json(s));
