@@ -1,6 +1,7 @@
 // `ecx bench transport` as a user runs it: its ECX series between two real processes
 // over UCX on loopback, with and without --spread, and the refusal of a spread too
 // small for the window (the message names the option and what it must hold).
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -47,9 +48,10 @@ BenchRun bench_transport(const std::string& tag, const std::vector<std::string>&
                                    "40",
                                    "--repeat",
                                    "1",
-                                   "--no-perftest",
                                    "--json",
                                    file};
+  // The ucx_perftest baselines only where a test asks for them (--perftest).
+  if (std::find(extra.begin(), extra.end(), "--perftest") == extra.end()) argv.emplace_back("--no-perftest");
   argv.insert(argv.end(), extra.begin(), extra.end());
   BenchRun run;
   auto child = ChildProcess::spawn(argv);
@@ -73,6 +75,14 @@ double ecx_figure(const BenchRun& run, const char* key) {
   return 0;
 }
 double ecx_gbps(const BenchRun& run) { return ecx_figure(run, "gbps"); }
+
+const json* find_series(const BenchRun& run, const std::string& name) {
+  if (!run.series.is_array()) return nullptr;
+  for (const auto& s : run.series) {
+    if (s.value("series", "") == name) return &s;
+  }
+  return nullptr;
+}
 
 // The bench fails (exit 1) when the consumer did not land every message, so exit 0
 // and a rate mean every payload of the run arrived, cache-warm or spread.
@@ -102,6 +112,24 @@ TEST(BenchTransport, AGapSpacesTheSendsAndEveryMessageStillArrives) {
   const BenchRun bad = bench_transport("bad-gap", {"--gap", "-5"});
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--gap"), std::string::npos) << bad.output;
+}
+
+// Over tcp ECX's endpoints run with peer error handling, so each ucx_perftest primitive
+// runs both ways: as UCX at its best, and with -e (the same mode as ECX), each with its
+// own ratio for the ECX series.
+TEST(BenchTransport, OverTcpThePerftestBaselineAlsoRunsInEcxsEndpointMode) {
+  const BenchRun run = bench_transport("perftest", {"--perftest", "am"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json* plain = find_series(run, "ucx_perftest_am_bw");
+  const json* same_mode = find_series(run, "ucx_perftest_am_bw_peer_errors");
+  ASSERT_NE(plain, nullptr) << run.series.dump();
+  ASSERT_NE(same_mode, nullptr) << run.series.dump();
+  const double ecx = ecx_gbps(run);
+  ASSERT_GT(ecx, 0.0) << run.output;
+  EXPECT_NEAR(ecx_figure(run, "ratio_vs_ucx_perftest"), ecx / plain->value("gbps", 0.0), 1e-9) << run.series.dump();
+  EXPECT_NEAR(ecx_figure(run, "ratio_vs_ucx_perftest_same_mode"), ecx / same_mode->value("gbps", 0.0), 1e-9)
+      << run.series.dump();
+  EXPECT_NE(run.output.find("same mode"), std::string::npos) << run.output;
 }
 
 TEST(BenchTransport, ASpreadTooSmallForTheWindowIsRefusedNamingIt) {
