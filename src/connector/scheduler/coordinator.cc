@@ -190,7 +190,7 @@ FinishedResult SchedulerCoordinator::request_finished(const RequestView& request
   gate_->finish(request);
   failures_->forget(request.request_id);
   FinishedResult result;
-  if (auto params = planner_->finish(request)) result.params = params->dump();
+  result.params = planner_->finish(request);
   return result;
 }
 

@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/request_failures.h"
@@ -50,10 +49,10 @@ class PushPlanner {
   // The workers' report: whether producer I/O is still in flight.
   void note_pending_saves(bool pending) noexcept { pending_saves_ = pending; }
   bool pushes_in_flight() const noexcept { return pending_saves_; }
-  // request_finished's params for `request`: per identifier its item indices and
-  // transfer id, and the bindings it planned ("ec_items"); forgets those bindings.
-  // Empty for a pure consumer or a request without items.
-  std::optional<nlohmann::json> finish(const RequestView& request);
+  // request_finished's params for `request`, as JSON text: per identifier its item
+  // indices and transfer id, and the bindings it planned ("ec_items"); forgets those
+  // bindings. Empty for a pure consumer or a request without items.
+  std::optional<std::string> finish(const RequestView& request);
 
   std::size_t bindings() const noexcept { return push_bindings_.size(); }
   const Stats& stats() const noexcept { return stats_; }

@@ -3,11 +3,14 @@
 #include "connector/scheduler/push_planner.h"
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include "connector/scheduler/request_failures.h"
 #include "fake_collaborators.h"
@@ -16,6 +19,11 @@ namespace ecx::scheduler {
 namespace {
 
 using testing::request;
+
+std::optional<nlohmann::json> parsed(const std::optional<std::string>& text) {
+  if (!text) return std::nullopt;
+  return nlohmann::json::parse(*text);
+}
 
 struct Planner {
   explicit Planner(CoordinatorOptions o = testing::producer_options())
@@ -44,11 +52,11 @@ TEST(PushPlanner, OneEncodingNamedByTwoRequestsIsPushedOnceAndReportedToBoth) {
   EXPECT_EQ(meta.pushes[0].spec, testing::spec_of(4, 16, DType::bfloat16));
   EXPECT_EQ(p.planner.stats().pushes_planned, 1u);
   EXPECT_EQ(p.planner.bindings(), 1u);
-  auto fa = p.planner.finish(a);
+  auto fa = parsed(p.planner.finish(a));
   ASSERT_TRUE(fa);
   EXPECT_EQ(fa->at("ec_items").size(), 1u);
   EXPECT_EQ(p.planner.bindings(), 1u);  // still rb's
-  auto fb = p.planner.finish(b);
+  auto fb = parsed(p.planner.finish(b));
   ASSERT_TRUE(fb);
   EXPECT_EQ(fb->at("ec_items")[0]["transfer_id"], "t");
   EXPECT_EQ(p.planner.bindings(), 0u);
@@ -118,7 +126,7 @@ TEST(PushPlanner, MalformedParamsAreNotPlannedAtAllocation) {
 TEST(PushPlanner, FinishReportsIndicesPerIdentifierAndForgetsEmptyRequests) {
   Planner p;
   auto r = request("r1", {"h0", "h0"}, {"t0", "t1"});
-  auto params = p.planner.finish(r);
+  auto params = parsed(p.planner.finish(r));
   ASSERT_TRUE(params);
   EXPECT_EQ((*params)["h0"]["item_indices"], nlohmann::json::array({0, 1}));
   EXPECT_EQ((*params)["h0"]["transfer_id"], "t1");
@@ -163,6 +171,32 @@ TEST(RequestFailures, MalformedParamsAreReportedAndCountedOnce) {
   EXPECT_TRUE(f.report_malformed(bad));  // already returned: not marked again
   EXPECT_EQ(f.stats().malformed_requests, 1u);
   EXPECT_TRUE(f.take({}).empty());
+}
+
+// The params are written as text directly: keys in the order a JSON object sorts them
+// ("ec_items" among the identifiers), one entry per identifier with every index and the
+// last transfer id, and text that is not an id's (a request id in an invented
+// transfer id) escaped.
+TEST(PushPlanner, FinishWritesItsParamsAsSortedEscapedJsonText) {
+  Planner p;
+  auto r = request("r1", {"zz", "aa", "aa"}, {"t2", "t0", "t1"}, "tcp://c:1");
+  p.planner.plan_uncomputed(r, 0);
+  EXPECT_EQ(p.step().pushes.size(), 3u);
+  EXPECT_EQ(p.planner.finish(r).value_or(""),
+            R"({"aa":{"item_indices":[1,2],"transfer_id":"t1"},"ec_items":[{"mm_hash":"zz","transfer_id":"t2"},)"
+            R"({"mm_hash":"aa","transfer_id":"t0"},{"mm_hash":"aa","transfer_id":"t1"}],)"
+            R"("zz":{"item_indices":[0],"transfer_id":"t2"}})");
+  EXPECT_EQ(p.planner.bindings(), 0u);
+
+  auto odd = request("say \"hi\"\\\n", {"h"}, {}, "tcp://c:1");
+  p.planner.plan_uncomputed(odd, 0);
+  p.step();
+  const auto text = p.planner.finish(odd);
+  ASSERT_TRUE(text);
+  const auto params = nlohmann::json::parse(*text);
+  EXPECT_EQ(params.at("ec_items").at(0).at("transfer_id"), "say \"hi\"\\\n:0") << *text;
+  EXPECT_EQ(params.at("h").at("item_indices"), nlohmann::json::array({0})) << *text;
+  EXPECT_FALSE(params.at("h").contains("transfer_id")) << *text;
 }
 
 }  // namespace
