@@ -870,7 +870,7 @@ int run_bench(BenchOptions options) {
   for (const auto size : sizes) {
     const std::uint64_t count = options.count != 0 ? options.count : auto_count(size);
     std::vector<Series> ecx_runs, mooncake_runs;
-    std::map<std::string, std::vector<Series>> perftest_runs;  // by series name
+    std::map<std::string, std::vector<Series>> perftest_runs;                    // by series name
     std::map<std::string, std::pair<std::string, std::string>> perftest_errors;  // name -> (primitive, error)
     // Each primitive as UCX runs it at its best (no error handling) and, where ECX's
     // endpoints have it, with peer error handling too: the same mode as ECX.

@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/request_failures.h"
 #include "ecx/connector/scheduler/collaborators.h"

@@ -32,24 +32,12 @@ BenchRun bench_transport(const std::string& tag, const std::vector<std::string>&
   const auto file = (std::filesystem::temp_directory_path() / ("ecx-bench-transport-" + tag + ".json")).string();
   std::filesystem::remove(file);
   // Through sh, so that what the bench says on stderr is read too.
-  std::vector<std::string> argv = {"/bin/sh",
-                                   "-c",
-                                   "exec \"$0\" \"$@\" 2>&1",
-                                   kEcx,
-                                   "bench",
-                                   "transport",
-                                   "--transport",
-                                   "tcp",
-                                   "--sizes",
-                                   "64KiB",
-                                   "--window",
-                                   "2",
-                                   "--count",
-                                   "40",
-                                   "--repeat",
-                                   "1",
-                                   "--json",
-                                   file};
+  std::vector<std::string> argv = {"/bin/sh",     "-c",       "exec \"$0\" \"$@\" 2>&1",
+                                   kEcx,          "bench",    "transport",
+                                   "--transport", "tcp",      "--sizes",
+                                   "64KiB",       "--window", "2",
+                                   "--count",     "40",       "--repeat",
+                                   "1",           "--json",   file};
   // The ucx_perftest baselines only where a test asks for them (--perftest).
   if (std::find(extra.begin(), extra.end(), "--perftest") == extra.end()) argv.emplace_back("--no-perftest");
   argv.insert(argv.end(), extra.begin(), extra.end());
