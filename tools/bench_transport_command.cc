@@ -912,6 +912,7 @@ int run_bench(BenchOptions options) {
     // The baseline is the best primitive at this size (median of its runs); the
     // same-mode baseline the best of those run with peer error handling.
     std::vector<Series> perftests;
+    perftests.reserve(perftest_runs.size());
     for (auto& [name, runs] : perftest_runs) perftests.push_back(pick_median(runs));
     std::sort(perftests.begin(), perftests.end(), [](const Series& a, const Series& b) {
       return std::pair(is_peer_errors_series(a.name), a.name) < std::pair(is_peer_errors_series(b.name), b.name);

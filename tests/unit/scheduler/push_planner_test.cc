@@ -28,7 +28,7 @@ std::optional<nlohmann::json> parsed(const std::optional<std::string>& text) {
 struct Planner {
   explicit Planner(CoordinatorOptions o = testing::producer_options())
       : options(std::move(o)), failures(options.max_notified_remembered), planner(options, failures) {}
-  ConnectorMeta step(StepView view = {}) {
+  ConnectorMeta step(const StepView& view = {}) {
     ConnectorMeta meta;
     planner.take_step(view, meta);
     return meta;
