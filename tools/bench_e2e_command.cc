@@ -849,7 +849,8 @@ int run_all(const E2eOptions& o) {
          "own CPU time per item, consumer engine "
          "threads (encoder-cache allocation, content check after the ready stamp: every block's stamp, every "
          "byte of 1 item in 16; the admit channel's messages) + producer (stamping the content, admit messages), "
-         "no part of ECX\n";
+         "no part of ECX, sampled (the CPU clock read around a random 1 in 8 of those regions, each counted 8 "
+         "times)\n";
   if (!rounds.empty()) {
     print_stage_table(rounds.back().phases);
     print_cpu_table(rounds.back().phases, rounds.back().raws);

@@ -64,13 +64,6 @@ std::vector<scheduler::MmFeature> features_of(const std::vector<Item>& items) {
   return out;
 }
 
-// CPU time of the calling thread, ns: what the simulator's own work costs (wall time
-// would count the time a loaded machine leaves the thread waiting for a CPU).
-std::uint64_t thread_cpu_ns() {
-  timespec t{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
-}
 
 // One engine thread per TP rank, as vLLM runs one worker process per rank: run(job)
 // calls job(rank) for every rank at once (rank 0 on the calling thread) and returns
@@ -349,6 +342,10 @@ struct ConsumerSim::State {
     std::uint64_t sim_ns = 0;  // the simulator's own work: cache allocation and content checks
   };
   std::vector<RankStep> rank_steps;
+  // The simulator's own CPU time, sampled (thread_cpu.h): the engine thread's and each
+  // rank thread's.
+  SampledCpuTime sim_cpu{1};
+  std::vector<SampledCpuTime> rank_cpu;
 
   void admit_messages() {
     while (true) {
@@ -400,7 +397,7 @@ struct ConsumerSim::State {
     // Only a producer that paces itself by the outcomes asks: an answer nobody reads
     // would cost both processes a message per request.
     if (!p.wants_answer) return;
-    const auto started = thread_cpu_ns();
+    auto region = sim_cpu.start();
     const auto text = encode_answer(AdmitAnswer{p.view.request_id, ready});
     try {
       if (admit.send(zmq::buffer(p.sender), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -409,7 +406,7 @@ struct ConsumerSim::State {
     } catch (const zmq::error_t& e) {
       log->debug("cannot answer {}: {}", p.view.request_id, e.what());
     }
-    result.sim_engine_ns += thread_cpu_ns() - started;
+    region.stop(result.sim_engine_ns);
   }
 
   // By value: callers pass ids that live in the record this erases.
@@ -528,11 +525,12 @@ struct ConsumerSim::State {
     rs = RankStep{};
     for (const auto& h : meta.freed) cache.erase(h);
     std::uint64_t sim_ns = 0;
+    auto& sampler = rank_cpu[rank];
     scheduler::ConnectorMeta one;
-    const auto allocate = [&cache, &sim_ns](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
-      const auto t0 = thread_cpu_ns();
+    const auto allocate = [&cache, &sim_ns, &sampler](const scheduler::LoadSpec& l) -> Result<worker::LoadDestination> {
+      auto region = sampler.start();
       auto data = cache.insert(l.mm_hash, l.spec.nbytes());
-      sim_ns += thread_cpu_ns() - t0;
+      region.stop(sim_ns);
       if (!data) return data.status();
       return worker::LoadDestination{*data, false, 0};
     };
@@ -559,7 +557,7 @@ struct ConsumerSim::State {
       for (const auto& h : report.loaded) rs.loaded_at[h] = now;
     }
     rs.meta = workers[rank]->build_worker_meta();
-    const auto t0 = thread_cpu_ns();
+    auto checking = sampler.start();
     for (const Item* item : used) {
       if (rs.bad.count(item->mm_hash)) continue;
       if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) {  // reported by the worker; dropped below
@@ -574,7 +572,8 @@ struct ConsumerSim::State {
         ++rs.mismatches;
       }
     }
-    rs.sim_ns = sim_ns + thread_cpu_ns() - t0;
+    checking.stop(sim_ns);
+    rs.sim_ns = sim_ns;
   }
 
   // Every byte, or (ContentCheck::sampled) every block's stamp and every byte of one
@@ -593,10 +592,10 @@ struct ConsumerSim::State {
     const std::uint64_t admitted_before = result.progress.requests_admitted;
     const bool done_before = producer_done;
     // The admit channel stands in for the proxy: its messages are the simulator's cost.
-    const auto admit_started = thread_cpu_ns();
+    auto admitting = sim_cpu.start();
     admit_messages();
     const std::size_t pending_before = pending.size();
-    result.sim_engine_ns += thread_cpu_ns() - admit_started;
+    admitting.stop(result.sim_engine_ns);
     // Schedule: gate, then allocate what passed.
     std::vector<std::pair<std::string, bool>> scheduled;  // (request id, allocated cleanly)
     for (const auto& id : order) {
@@ -696,6 +695,9 @@ Result<std::unique_ptr<ConsumerSim>> ConsumerSim::start(ConsumerSimOptions optio
   }
   state->checks.assign(state->workers.size(), 0);
   state->rank_steps.resize(state->workers.size());
+  for (std::size_t rank = 0; rank < state->workers.size(); ++rank) {
+    state->rank_cpu.emplace_back(static_cast<std::uint32_t>(rank + 2));
+  }
   state->ranks = std::make_unique<RankThreads>(state->workers.size());
   auto coordinator = worker::make_scheduler_coordinator(config, DType::bfloat16, 0, state->options.clock);
   if (!coordinator) return coordinator.status();
@@ -825,6 +827,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   auto started_worker = worker::WorkerCoordinator::start(o.config, o.clock);
   if (!started_worker) return started_worker.status();
   auto& worker = **started_worker;
+  SampledCpuTime sim_cpu(1);  // the simulator's own CPU time on this thread, sampled
 
   // What `ecx proxy --store-url` consults: its own presence index of the store.
   std::unique_ptr<store::PresenceIndex> proxy_index;
@@ -992,13 +995,13 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         auto block = lent_outputs ? lent_outputs->take(item.spec.nbytes()) : std::nullopt;
         if (!block) buffer.resize(item.spec.nbytes());
         const std::span<std::byte> output = block ? block->first : std::span<std::byte>(buffer);
-        const auto t0 = thread_cpu_ns();
+        auto filling = sim_cpu.start();
         if (block) {
           stamp_content(item.mm_hash, output);  // the arena holds the body already
         } else {
           fill_content(item.mm_hash, output);
         }
-        result.sim_ns += thread_cpu_ns() - t0;
+        filling.stop(result.sim_ns);
         Status bound = block ? worker.lend_cache(item.mm_hash, output.data(), output.size(), std::move(block->second))
                              : worker.save_cache(item.mm_hash, output.data(), output.size());
         if (!bound) log->warn("cannot stage {}: {}", item.mm_hash, bound.to_string());
@@ -1012,13 +1015,13 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     worker.get_finished(finished);
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const auto params = scheduler.request_finished(views[b]);
-      const auto admit_started = thread_cpu_ns();
+      auto admitting = sim_cpu.start();
       // Paced by the outcomes (max_unresolved): the consumer answers each.
       const auto text =
           encode_admit(AdmitRequestView{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
                                         o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
       admit.send(zmq::buffer(text), zmq::send_flags::none);
-      result.sim_ns += thread_cpu_ns() - admit_started;
+      admitting.stop(result.sim_ns);
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
       ++result.requests;
     }

@@ -1,5 +1,6 @@
 #include "sim/thread_cpu.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -90,6 +91,32 @@ std::map<std::string, std::uint64_t> ThreadCpu::used_since(const ThreadCpu& befo
 
 std::map<std::string, std::uint64_t> ThreadCpu::sleeps_since(const ThreadCpu& before) const {
   return since(threads_, before.threads_, &Thread::sleeps);
+}
+
+std::uint64_t thread_cpu_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(t.tv_nsec);
+}
+
+SampledCpuTime::SampledCpuTime(std::uint32_t seed, std::uint32_t every, Clock clock)
+    : random_(seed == 0 ? 1 : seed), every_(every == 0 ? 1 : every), clock_(std::move(clock)) {}
+
+SampledCpuTime::Region SampledCpuTime::start() {
+  Region region;
+  if (random_() % every_ != 0) return region;
+  region.clock_ = &clock_;
+  region.weight_ = every_;
+  ++clock_reads_;
+  region.started_ns_ = clock_();
+  return region;
+}
+
+void SampledCpuTime::Region::stop(std::uint64_t& total_ns) {
+  if (clock_ == nullptr) return;
+  const std::uint64_t now = (*clock_)();
+  total_ns += (now - started_ns_) * weight_;
+  clock_ = nullptr;
 }
 
 }  // namespace ecx::sim

@@ -101,5 +101,36 @@ TEST(ThreadCpu, EngineThreadsAreKnownByName) {
   }
 }
 
+// The simulators' sampled region timer: it reads its clock for about 1 in `every`
+// regions and counts each one it read `every` times, so the estimate of regions of one
+// cost is exact in expectation and close over many. A fake clock that advances 100 ns
+// per region stands in for the thread's CPU clock.
+TEST(SampledCpuTime, ReadsTheClockForOneRegionInEveryAndScalesWhatItRead) {
+  std::uint64_t fake_ns = 0;
+  SampledCpuTime sampler(7, 8, [&] { return fake_ns; });
+  std::uint64_t total = 0;
+  constexpr int kRegions = 80'000;
+  for (int i = 0; i < kRegions; ++i) {
+    auto region = sampler.start();
+    fake_ns += 100;  // the region's work
+    region.stop(total);
+    region.stop(total);  // a second stop adds nothing
+    fake_ns += 1'000;  // work outside any region is never counted
+  }
+  EXPECT_NEAR(static_cast<double>(sampler.clock_reads()), kRegions / 8.0, kRegions / 8.0 * 0.05);
+  EXPECT_EQ(total, sampler.clock_reads() * 8 * 100);
+  EXPECT_NEAR(static_cast<double>(total), kRegions * 100.0, kRegions * 100.0 * 0.05);
+
+  SampledCpuTime every_region(7, 1, [&] { return fake_ns; });
+  std::uint64_t exact = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto region = every_region.start();
+    fake_ns += 100;
+    region.stop(exact);
+  }
+  EXPECT_EQ(exact, 1000u);
+  EXPECT_EQ(every_region.clock_reads(), 10u);
+}
+
 }  // namespace
 }  // namespace ecx::sim
