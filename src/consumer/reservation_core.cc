@@ -476,14 +476,14 @@ ReservationCounters ReservationCore::counters() const {
 
 std::optional<ReservationState> ReservationCore::state_of(std::string_view tid) const {
   std::lock_guard lock(mu_);
-  auto it = records_.find(std::string(tid));
+  auto it = records_.find(tid);
   if (it == records_.end()) return std::nullopt;
   return it->second.state;
 }
 
 std::optional<ReservationManager::RecordView> ReservationCore::describe(std::string_view tid) const {
   std::lock_guard lock(mu_);
-  auto it = records_.find(std::string(tid));
+  auto it = records_.find(tid);
   if (it == records_.end()) return std::nullopt;
   const Record& r = it->second;
   return ReservationManager::RecordView{r.state, r.mm_hash, r.reservation_id, r.generation, r.spec};

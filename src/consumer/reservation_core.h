@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "consumer/slot_store.h"
+#include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/consumer/reservation_manager.h"
 #include "ecx/consumer/reservation_types.h"
@@ -76,7 +77,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
 
   TimePoint now() const { return clock_->now(); }
   Record* find(std::string_view tid) {
-    auto it = records_.find(std::string(tid));
+    auto it = records_.find(tid);
     return it == records_.end() ? nullptr : &it->second;
   }
   // Whether the writer's slot has a write open (someone may be writing it right now).
@@ -146,7 +147,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   mutable std::mutex mu_;
   std::condition_variable writers_cv_;  // signalled when a write closes or shutdown begins
   SlotStore store_;                     // guarded by mu_
-  std::unordered_map<std::string, Record> records_;
+  IdMap<Record> records_;
   DeadlineIndex deadlines_;   // live records with a deadline
   DeadlineIndex tombstones_;  // terminal records
   std::deque<ReservationEvent> events_;
@@ -158,7 +159,7 @@ class ReservationCore : public std::enable_shared_from_this<ReservationCore> {
   // Reserves the full pool turned away, by transfer id, oldest first (the order may
   // hold ids since served; they are skipped). See ReservationOptions::starvation_after.
   static constexpr std::size_t kMaxWaiters = 4'096;
-  std::unordered_map<std::string, Waiter> waiters_;
+  IdMap<Waiter> waiters_;
   std::deque<std::string> waiter_order_;
 };
 

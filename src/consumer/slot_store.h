@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/core/status.h"
 #include "ecx/core/tensor_spec.h"
@@ -177,8 +178,8 @@ class SlotStore {
   std::uint64_t reclaimed_max_;
   std::function<void()> space_freed_;
   std::unordered_map<SlotId, SlotEntry> entries_;
-  std::unordered_map<std::string, SlotId> filling_by_hash_;   // mm_hash -> entry being filled
-  std::unordered_map<std::string, SlotId> resident_by_hash_;  // mm_hash -> canonical landed entry
+  IdMap<SlotId> filling_by_hash_;   // mm_hash -> entry being filled
+  IdMap<SlotId> resident_by_hash_;  // mm_hash -> canonical landed entry
   std::list<SlotId> lru_;                                     // idle canonical entries, oldest first
   std::deque<std::string> reclaimed_;                         // bounded by reclaimed_max_
   SlotId next_id_ = 1;

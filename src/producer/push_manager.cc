@@ -6,10 +6,12 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <string>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "core/id_map.h"
 #include "core/logging.h"
 
 namespace ecx::producer {
@@ -85,7 +87,7 @@ class PushCore {
  private:
   TimePoint now() const { return clock_->now(); }
   Push* find(std::string_view tid) {
-    auto it = pushes_.find(std::string(tid));
+    auto it = pushes_.find(tid);
     return it == pushes_.end() ? nullptr : &it->second;
   }
   Shard* shard_of(Push* p, int shard) {
@@ -118,9 +120,9 @@ class PushCore {
   std::shared_ptr<spdlog::logger> log_;
 
   mutable std::mutex mu_;
-  std::unordered_map<std::string, Push> pushes_;
-  std::unordered_map<std::string, std::set<std::string>> sourceless_by_hash_;  // waiting, no source yet
-  std::unordered_map<std::string, std::set<std::string>> by_request_;          // active pushes per request
+  IdMap<Push> pushes_;
+  IdMap<std::set<std::string>> sourceless_by_hash_;  // waiting, no source yet
+  IdMap<std::set<std::string>> by_request_;          // active pushes per request
   std::unordered_map<SourceId, std::uint64_t> source_refs_;
   TimeIndex deadlines_;  // waiting_inputs pushes
   TimeIndex retries_;    // shards in retry_wait, keyed by retry_key
@@ -568,7 +570,7 @@ Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::ui
   std::lock_guard lock(mu_);
   Actions out;
   std::vector<std::string> waiting;
-  if (auto it = sourceless_by_hash_.find(std::string(mm_hash)); it != sourceless_by_hash_.end()) {
+  if (auto it = sourceless_by_hash_.find(mm_hash); it != sourceless_by_hash_.end()) {
     waiting.assign(it->second.begin(), it->second.end());
   }
   bool used = false;
@@ -760,14 +762,14 @@ std::vector<FailedSave> PushCore::drain_failures() {
 
 std::optional<P> PushCore::state_of(std::string_view tid) const {
   std::lock_guard lock(mu_);
-  auto it = pushes_.find(std::string(tid));
+  auto it = pushes_.find(tid);
   if (it == pushes_.end()) return std::nullopt;
   return it->second.state;
 }
 
 std::optional<Sh> PushCore::shard_state_of(std::string_view tid, int shard) const {
   std::lock_guard lock(mu_);
-  auto it = pushes_.find(std::string(tid));
+  auto it = pushes_.find(tid);
   if (it == pushes_.end() || shard < 0 || static_cast<std::size_t>(shard) >= it->second.shards.size()) {
     return std::nullopt;
   }
