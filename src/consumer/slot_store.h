@@ -178,10 +178,10 @@ class SlotStore {
   std::uint64_t reclaimed_max_;
   std::function<void()> space_freed_;
   std::unordered_map<SlotId, SlotEntry> entries_;
-  IdMap<SlotId> filling_by_hash_;   // mm_hash -> entry being filled
-  IdMap<SlotId> resident_by_hash_;  // mm_hash -> canonical landed entry
-  std::list<SlotId> lru_;                                     // idle canonical entries, oldest first
-  std::deque<std::string> reclaimed_;                         // bounded by reclaimed_max_
+  IdMap<SlotId> filling_by_hash_;      // mm_hash -> entry being filled
+  IdMap<SlotId> resident_by_hash_;     // mm_hash -> canonical landed entry
+  std::list<SlotId> lru_;              // idle canonical entries, oldest first
+  std::deque<std::string> reclaimed_;  // bounded by reclaimed_max_
   SlotId next_id_ = 1;
   std::uint64_t open_writes_ = 0;
   std::uint64_t resident_bytes_ = 0;
