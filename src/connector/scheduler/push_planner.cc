@@ -51,8 +51,9 @@ void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
 
 namespace {
 
-// Characters a JSON string carries as they are: what validated ids are made of
-// (ids.h), plus space. Anything else goes through nlohmann's escaping.
+// Text a JSON string carries as it is: printable ASCII other than a quote or a
+// backslash (every validated id, ids.h). Anything else goes through nlohmann's
+// escaping (and its UTF-8 check).
 bool plain_json_text(std::string_view text) {
   return std::all_of(text.begin(), text.end(), [](char c) {
     const auto u = static_cast<unsigned char>(c);
