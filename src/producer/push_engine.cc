@@ -110,6 +110,14 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   PushManager pushes;
   std::unique_ptr<control::ControlClient> client;
   std::unique_ptr<transport::Transport> transport;
+  // Guards `transport` being let go at shutdown against the metrics server's collector
+  // reading its counters.
+  mutable std::mutex transport_mutex;
+  std::optional<transport::TransportStats> transport_stats() const {
+    std::lock_guard lock(transport_mutex);
+    if (!transport) return std::nullopt;
+    return transport->stats();
+  }
   bool one_sided = false;  // the data plane writes where the consumer's reserve said (sender-chosen landing)
   std::unique_ptr<StagingArea> staging;  // encoder outputs until their pushes finish
   transport::RegionHandle staging_region;
@@ -892,13 +900,12 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     constexpr std::string_view kDirect = "Direct payloads (sent without a reservation): sent, and turned away";
     counter("producer_direct_payloads_total", kDirect, "sent", p.direct_sent);
     counter("producer_direct_payloads_total", kDirect, "turned_away", p.direct_turned_away);
-    if (s->transport) {
-      const auto t = s->transport->stats();
+    if (const auto t = s->transport_stats()) {
       constexpr std::string_view kShared =
           "Payloads sent as their place in the shared staging pool (same-host consumer copies them out), and those "
           "a consumer could not map and was sent as bytes";
-      counter("producer_shared_payloads_total", kShared, "sent", t.shared_sends);
-      counter("producer_shared_payloads_total", kShared, "fell_back", t.shared_fallbacks);
+      counter("producer_shared_payloads_total", kShared, "sent", t->shared_sends);
+      counter("producer_shared_payloads_total", kShared, "fell_back", t->shared_fallbacks);
     }
     counter("producer_abandons_total", "Abandon cancels sent", "", p.abandons_sent);
     counter("producer_yields_total",
@@ -956,7 +963,12 @@ void PushEngine::shutdown(Duration timeout) {
   if (s.dispatcher.joinable()) s.dispatcher.join();
   s.client.reset();
   if (s.transport && s.staging_region.valid()) (void)s.transport->deregister_region(s.staging_region);
-  s.transport.reset();
+  std::unique_ptr<transport::Transport> gone;
+  {
+    std::lock_guard transport_lock(s.transport_mutex);
+    gone = std::move(s.transport);
+  }
+  gone.reset();  // its threads stop here, outside the lock
   // The data plane is gone: nothing reads the engine's lent memory any more.
   auto lent = std::move(s.lent_parked);
   {
