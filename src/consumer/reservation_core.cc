@@ -28,7 +28,10 @@ SlotStoreOptions slot_store_options(const ReservationOptions& o) {
 }  // namespace
 
 ReservationCore::ReservationCore(ReservationOptions options, std::shared_ptr<const Clock> clock)
-    : options_(options), clock_(std::move(clock)), log_(log::get("consumer")), store_(slot_store_options(options_)) {
+    : options_(std::move(options)),
+      clock_(std::move(clock)),
+      log_(log::get("consumer")),
+      store_(slot_store_options(options_)) {
   if (options_.max_tensor_bytes == 0) options_.max_tensor_bytes = store_.capacity();
   if (options_.resident_capacity_bytes == 0) options_.resident_capacity_bytes = store_.capacity();
   if (options_.tombstone_max == 0) options_.tombstone_max = 1;

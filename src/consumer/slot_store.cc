@@ -21,7 +21,7 @@ SlotStore::SlotStore(const SlotStoreOptions& options)
 
 // ---------------------------------------------------------------- allocation, lookup
 
-Result<SlotId> SlotStore::allocate_filling(std::string mm_hash, TensorSpec spec, std::string writer,
+Result<SlotId> SlotStore::allocate_filling(const std::string& mm_hash, const TensorSpec& spec, std::string writer,
                                            std::optional<std::uint64_t> expected_checksum, bool write_open) {
   Result<pool::Slot> slot = allocator_.allocate(spec.nbytes());
   while (!slot.is_ok() && slot.status().code() == StatusCode::resource_exhausted && evict_one_resident()) {
@@ -30,7 +30,7 @@ Result<SlotId> SlotStore::allocate_filling(std::string mm_hash, TensorSpec spec,
   if (!slot.is_ok()) return slot.status();
 
   const SlotId id = next_id_++;
-  SlotEntry& e = entries_.try_emplace(id, id, *slot, std::move(mm_hash), std::move(spec)).first->second;
+  SlotEntry& e = entries_.try_emplace(id, id, *slot, mm_hash, spec).first->second;
   e.holders = 1;
   e.writer = std::move(writer);
   e.expected_checksum = expected_checksum;

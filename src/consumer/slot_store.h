@@ -99,7 +99,7 @@ class SlotStore {
   // filling of `mm_hash`. Idle resident copies are reclaimed, oldest first, while the
   // pool is too full. write_open: the writer may write from now on (one-sided).
   // Errors are the allocator's: resource_exhausted when nothing fits even then.
-  Result<SlotId> allocate_filling(std::string mm_hash, TensorSpec spec, std::string writer,
+  Result<SlotId> allocate_filling(const std::string& mm_hash, const TensorSpec& spec, std::string writer,
                                   std::optional<std::uint64_t> expected_checksum, bool write_open);
 
   bool contains(SlotId id) const { return entries_.contains(id); }
