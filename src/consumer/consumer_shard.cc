@@ -84,10 +84,7 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
   std::shared_ptr<spdlog::logger> log = ecx::log::get("consumer");
   std::optional<pool::Slab> slab;
   std::shared_ptr<ReservationManager> reservations;
-  std::unique_ptr<transport::Transport> transport;
-  // Guards `transport` being let go at shutdown against readers of its counters on
-  // other threads (the metrics server's collector, counters()).
-  mutable std::mutex transport_mutex;
+  transport::OwnedTransport transport;  // its counters are read by the metrics collector too
   transport::RegionHandle region;
   std::string data_address;
   bool one_sided = false;  // producers write the pool themselves and `complete` (feature "one_sided")
@@ -103,12 +100,6 @@ struct ConsumerShard::State : std::enable_shared_from_this<ConsumerShard::State>
   std::atomic<std::uint64_t> headers_rejected{0};
   std::mutex shutdown_mutex;
   std::optional<DrainReport> drained;
-
-  std::optional<transport::TransportStats> transport_stats() const {
-    std::lock_guard lock(transport_mutex);
-    if (!transport) return std::nullopt;
-    return transport->stats();
-  }
 
   // Sends every event the reservation manager queued. Any thread.
   void publish_events() {
@@ -351,12 +342,7 @@ DrainReport ConsumerShard::shutdown(Duration drain) {
   if (s.server) s.server->stop();
   if (report.writers_finished) {
     if (s.transport && s.region.valid()) (void)s.transport->deregister_region(s.region);
-    std::unique_ptr<transport::Transport> gone;
-    {
-      std::lock_guard transport_lock(s.transport_mutex);
-      gone = std::move(s.transport);
-    }
-    gone.reset();  // its threads stop here, outside the lock
+    s.transport.release();
   } else {
     // A writer may still be writing into the pool: keep it registered and allocated
     // for the rest of the process rather than let a late write land in freed memory.
@@ -392,7 +378,7 @@ ShardCounters ConsumerShard::counters() const {
   ShardCounters c;
   c.reservations = state_->reservations->counters();
   if (state_->server) c.control = state_->server->counters();
-  if (auto t = state_->transport_stats()) c.transport = *t;
+  if (auto t = state_->transport.stats()) c.transport = *t;
   c.headers_rejected = state_->headers_rejected.load(std::memory_order_relaxed);
   return c;
 }
@@ -441,7 +427,7 @@ std::uint64_t ConsumerShard::export_metrics(metrics::Registry& registry) const {
     gauge("consumer_tombstones", "Terminal records kept for idempotency", r.tombstones);
     gauge("consumer_resident_bytes", "Bytes of landed payloads kept for reuse", r.resident_bytes);
     gauge("consumer_leases", "Slots handed to the engine and not yet released", r.leases);
-    if (const auto t = s->transport_stats()) {
+    if (const auto t = s->transport.stats()) {
       counter("consumer_shared_landings_total", "Payloads copied out of a same-host producer's shared memory", "",
               t->shared_landings);
       gauge("consumer_shared_mapped_bytes", "Bytes of producers' shared memory mapped now", t->shared_mapped_bytes);

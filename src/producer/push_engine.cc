@@ -109,15 +109,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   std::shared_ptr<spdlog::logger> log = ecx::log::get("producer");
   PushManager pushes;
   std::unique_ptr<control::ControlClient> client;
-  std::unique_ptr<transport::Transport> transport;
-  // Guards `transport` being let go at shutdown against the metrics server's collector
-  // reading its counters.
-  mutable std::mutex transport_mutex;
-  std::optional<transport::TransportStats> transport_stats() const {
-    std::lock_guard lock(transport_mutex);
-    if (!transport) return std::nullopt;
-    return transport->stats();
-  }
+  transport::OwnedTransport transport;  // its counters are read by the metrics collector too
   bool one_sided = false;  // the data plane writes where the consumer's reserve said (sender-chosen landing)
   std::unique_ptr<StagingArea> staging;  // encoder outputs until their pushes finish
   transport::RegionHandle staging_region;
@@ -900,7 +892,7 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     constexpr std::string_view kDirect = "Direct payloads (sent without a reservation): sent, and turned away";
     counter("producer_direct_payloads_total", kDirect, "sent", p.direct_sent);
     counter("producer_direct_payloads_total", kDirect, "turned_away", p.direct_turned_away);
-    if (const auto t = s->transport_stats()) {
+    if (const auto t = s->transport.stats()) {
       constexpr std::string_view kShared =
           "Payloads sent as their place in the shared staging pool (same-host consumer copies them out), and those "
           "a consumer could not map and was sent as bytes";
@@ -963,12 +955,7 @@ void PushEngine::shutdown(Duration timeout) {
   if (s.dispatcher.joinable()) s.dispatcher.join();
   s.client.reset();
   if (s.transport && s.staging_region.valid()) (void)s.transport->deregister_region(s.staging_region);
-  std::unique_ptr<transport::Transport> gone;
-  {
-    std::lock_guard transport_lock(s.transport_mutex);
-    gone = std::move(s.transport);
-  }
-  gone.reset();  // its threads stop here, outside the lock
+  s.transport.release();
   // The data plane is gone: nothing reads the engine's lent memory any more.
   auto lent = std::move(s.lent_parked);
   {

@@ -64,7 +64,6 @@ std::vector<scheduler::MmFeature> features_of(const std::vector<Item>& items) {
   return out;
 }
 
-
 // One engine thread per TP rank, as vLLM runs one worker process per rank: run(job)
 // calls job(rank) for every rank at once (rank 0 on the calling thread) and returns
 // when all have finished. The threads are owned and joined by the destructor.

@@ -30,6 +30,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -204,6 +207,40 @@ class Transport {
   virtual TransportStats stats() const = 0;
   // The backend's name: what the hello reply's data plane says, for peers to compare.
   virtual std::string_view name() const noexcept = 0;
+};
+
+// A data plane owned by a component whose counters other threads read (a metrics
+// collector, a counters() call): release() lets it go under a lock that stats()
+// takes, so a reader never sees it half gone. Everything else is the owner's, on its
+// own threads, as with a plain unique_ptr.
+class OwnedTransport {
+ public:
+  OwnedTransport& operator=(std::unique_ptr<Transport> transport) {
+    std::lock_guard lock(mutex_);
+    transport_ = std::move(transport);
+    return *this;
+  }
+  Transport* operator->() const noexcept { return transport_.get(); }
+  explicit operator bool() const noexcept { return transport_ != nullptr; }
+
+  // Its counters; none once released. Any thread.
+  std::optional<TransportStats> stats() const {
+    std::lock_guard lock(mutex_);
+    if (!transport_) return std::nullopt;
+    return transport_->stats();
+  }
+  // Destroys it (its threads stop) outside the lock, once readers can no longer reach it.
+  void release() {
+    std::unique_ptr<Transport> gone;
+    {
+      std::lock_guard lock(mutex_);
+      gone = std::move(transport_);
+    }
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unique_ptr<Transport> transport_;
 };
 
 }  // namespace ecx::transport

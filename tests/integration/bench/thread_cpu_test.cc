@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -20,13 +21,9 @@ using namespace std::chrono_literals;
 // Spins until this thread has used `cpu` of CPU time (not wall time: the machine may
 // be loaded).
 void burn(std::chrono::nanoseconds cpu) {
-  timespec start{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
-  const auto begin = std::chrono::seconds(start.tv_sec) + std::chrono::nanoseconds(start.tv_nsec);
-  while (true) {
-    timespec now{};  // the clock call itself is the work
-    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-    if (std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec) - begin >= cpu) return;
+  const std::uint64_t begin = thread_cpu_ns();
+  // The clock call itself is the work.
+  while (thread_cpu_ns() - begin < static_cast<std::uint64_t>(cpu.count())) {
   }
 }
 
@@ -115,7 +112,7 @@ TEST(SampledCpuTime, ReadsTheClockForOneRegionInEveryAndScalesWhatItRead) {
     fake_ns += 100;  // the region's work
     region.stop(total);
     region.stop(total);  // a second stop adds nothing
-    fake_ns += 1'000;  // work outside any region is never counted
+    fake_ns += 1'000;    // work outside any region is never counted
   }
   EXPECT_NEAR(static_cast<double>(sampler.clock_reads()), kRegions / 8.0, kRegions / 8.0 * 0.05);
   EXPECT_EQ(total, sampler.clock_reads() * 8 * 100);
