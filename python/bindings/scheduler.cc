@@ -101,6 +101,7 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
   d["readiness_recovered"] = s.readiness_recovered;
   d["alloc_loads"] = s.alloc_loads;
   d["alloc_load_misses"] = s.alloc_load_misses;
+  d["rechecks_remembered"] = s.rechecks_remembered;
   d["local_fallbacks"] = s.local_fallbacks;
   d["stranded_items"] = s.stranded_items;
   d["store_lookups"] = s.store_lookups;

@@ -377,14 +377,15 @@ struct ConsumerSim::State {
       p.items = std::move(request.items);  // a store item names no transfer
       p.view.request_id = std::move(request.request_id);
       p.view.mm_features = features_of(p.items);
-      // What a proxy forwards: the encoder's ec_items (mm_hash + transfer_id), or
-      // {mm_hash, "store": true} for an item it found in the store.
-      json params = json::object();
-      if (!request.ec_transfer_params.empty()) {
-        const json encoder = json::parse(request.ec_transfer_params, nullptr, false);
-        if (encoder.is_object()) params["ec_items"] = encoder.value("ec_items", json::array());
+      // What a proxy forwards: the encoder's ec_transfer_params as they are (its
+      // ec_items, mm_hash + transfer_id, and the handles under each hash), or
+      // {mm_hash, "store": true} items for what it found in the store. Read as the
+      // Python connector reads them, from the JSON text.
+      if (request.ec_transfer_params.empty()) {
+        set_ec_transfer_params(p.view, json::object());
+      } else {
+        p.view.set_ec_transfer_params_text(request.ec_transfer_params);
       }
-      set_ec_transfer_params(p.view, params);
       ++result.progress.requests_admitted;
       order.push_back(p.view.request_id);
       pending.emplace(p.view.request_id, std::move(p));

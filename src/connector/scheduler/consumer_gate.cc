@@ -47,6 +47,7 @@ SchedulerCoordinator::Bookkeeping ConsumerGate::bookkeeping() const noexcept {
   b.unowned_loads = unowned_loads_.size();
   b.substitutes = substitute_for_lender_.size();
   b.engine_cache_entries = local_cache_.size();
+  b.remembered_waits = waiting_.size();
   return b;
 }
 
@@ -61,25 +62,41 @@ bool ConsumerGate::has_cache_item(std::string_view identifier) {
   return have;
 }
 
-void ConsumerGate::note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
-                                      std::string_view request_id, TimePoint now) {
+const TransferRecord* ConsumerGate::note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id,
+                                                       bool invented, std::string_view request_id, TimePoint now) {
   const TransferRecord* r =
       table_.wait_for_event(waiting_id, request_id, mm_hash, now, now + options_.push_wait_timeout, invented);
-  if (r == nullptr || r->state() != TransferState::waiting_event || !r->deadline() || now < *r->deadline()) return;
+  if (r == nullptr || r->state() != TransferState::waiting_event || !r->deadline() || now < *r->deadline()) return r;
   const double waited = duration_to_seconds(now - *r->deadline() + options_.push_wait_timeout);
   table_.mark_unavailable(waiting_id, now);
   logger()->warn(
       "EC waited {:.1f}s for a push of mm_hash={} (transfer_id={}) that never arrived; requests needing it fail with "
       "a retryable error.",
       waited, shorten(mm_hash), shorten(waiting_id));
+  return r;
 }
 
 bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_tokens) {
   // One timestamp for the whole decision, so the deadlines it hands out agree.
   const TimePoint now = clock_->now();
   channel_.drain(now);
+  if (still_waiting(request, num_computed_tokens, now)) {
+    ++stats_.rechecks_remembered;
+    return false;
+  }
   const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
   bool all_ready = true;
+  // Whether a "waiting" answer may be remembered: only from a check whose changes
+  // the same check again would find made (records created, waiters added, loads
+  // started), so that it would change nothing and answer the same as long as what it
+  // read stays the same; where every wait is a plain wait for a push under a deadline
+  // (and, see remember_waiting, no record's lease is kept alive by the checks
+  // themselves). Withdrawing a waiter (a borrow) or changing the substitutes could be undone by
+  // the next check: decided afresh.
+  bool rememberable = options_.remember_waiting;
+  const std::uint64_t table_before = table_.undoings();
+  const std::uint64_t substitutes_before = substitutes_changed_;
+  TimePoint valid_until = TimePoint::max();
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
     const MmFeature& feature = request.mm_features[i];
     if (feature.computed_by(num_computed_tokens)) continue;
@@ -123,11 +140,92 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
     if (auto substitute = substitute_for_lender_.find(waiting_id); substitute != substitute_for_lender_.end()) {
       waiting_id = substitute->second.transfer_id;
     }
-    note_awaiting_push(mm_hash, waiting_id, !transfer_id, request.request_id, now);
+    const TransferRecord* waited = note_awaiting_push(mm_hash, waiting_id, !transfer_id, request.request_id, now);
+    if (waited != nullptr && waited->state() == TransferState::waiting_event && waited->deadline() &&
+        waited->mm_hash() == mm_hash) {
+      valid_until = std::min(valid_until, *waited->deadline());
+    } else {
+      rememberable = false;  // refused, ended, or under another hash's record: decided afresh each time
+    }
     if (!options_.unavailable_reaches_engine && release_unreachable(request, i, waiting_id)) continue;
     all_ready = false;
   }
+  rememberable = rememberable && table_.undoings() == table_before && substitutes_changed_ == substitutes_before;
+  const bool remembered = !all_ready && rememberable && remember_waiting(request, num_computed_tokens, valid_until);
+  if (!remembered && !waiting_.empty()) {
+    if (auto it = waiting_.find(request.request_id); it != waiting_.end()) waiting_.erase(it);
+  }
   return all_ready;
+}
+
+bool ConsumerGate::still_waiting(const RequestView& request, std::int64_t num_computed_tokens, TimePoint now) const {
+  if (waiting_.empty()) return false;
+  const auto it = waiting_.find(request.request_id);
+  if (it == waiting_.end()) return false;
+  const Waiting& w = it->second;
+  if (now >= w.valid_until || w.num_computed_tokens != num_computed_tokens ||
+      w.features != request.mm_features.size() || w.substitutes_changed != substitutes_changed_ ||
+      w.asynchronous_loads != options_.asynchronous_loads ||
+      w.unavailable_reaches_engine != options_.unavailable_reaches_engine) {
+    return false;
+  }
+  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
+    const MmFeature& feature = request.mm_features[i];
+    if (feature.computed_by(num_computed_tokens)) continue;
+    if (k == w.items.size()) return false;
+    const Waiting::Item& item = w.items[k++];
+    if (const auto transfer_id = resolve_transfer_id(params, i, feature.identifier);
+        transfer_id && !table_.unchanged(item.named, *transfer_id)) {
+      return false;
+    }
+    if (item.stamp.entry != detail::kNoId) {
+      if (!table_.unchanged(item.stamp)) return false;
+      continue;
+    }
+    // No live record then: still none, and the engine's cache still (not) holding it.
+    if (table_.stamp(feature.identifier).entry != detail::kNoId ||
+        local_cache_.contains(feature.identifier) != item.local_hit) {
+      return false;
+    }
+  }
+  return k == w.items.size();
+}
+
+bool ConsumerGate::remember_waiting(const RequestView& request, std::int64_t num_computed_tokens,
+                                    TimePoint valid_until) {
+  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  // Each check pushes out the lease of an available record the request names
+  // (touch_available): such a request is checked every time.
+  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
+    if (request.mm_features[i].computed_by(num_computed_tokens)) continue;
+    const auto transfer_id = resolve_transfer_id(params, i, request.mm_features[i].identifier);
+    const TransferRecord* named = transfer_id ? table_.find(*transfer_id) : nullptr;
+    if (named != nullptr && named->state() == TransferState::available) return false;
+  }
+  // Bounded: when full, start over (a forgotten request is only decided afresh).
+  if (waiting_.size() >= options_.max_notified_remembered && !waiting_.contains(request.request_id)) waiting_.clear();
+  Waiting& w = waiting_[request.request_id];
+  w.num_computed_tokens = num_computed_tokens;
+  w.features = request.mm_features.size();
+  w.substitutes_changed = substitutes_changed_;
+  w.asynchronous_loads = options_.asynchronous_loads;
+  w.unavailable_reaches_engine = options_.unavailable_reaches_engine;
+  w.valid_until = valid_until;
+  w.items.clear();
+  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
+    const MmFeature& feature = request.mm_features[i];
+    if (feature.computed_by(num_computed_tokens)) continue;
+    Waiting::Item item;
+    item.stamp = table_.stamp(feature.identifier);  // after every change this check made
+    item.local_hit = local_cache_.contains(feature.identifier);
+    if (const auto transfer_id = resolve_transfer_id(params, i, feature.identifier)) {
+      item.named = table_.record_stamp(*transfer_id);
+    }
+    w.items.push_back(item);
+  }
+  return true;
 }
 
 bool ConsumerGate::release_malformed(const RequestView& request) {
@@ -190,7 +288,7 @@ bool ConsumerGate::release_unreachable(const RequestView& request, std::size_t i
 
 void ConsumerGate::after_alloc(const RequestView& request, std::size_t index) {
   const MmFeature& feature = request.mm_features[index];
-  local_cache_.insert(feature.identifier);
+  if (local_cache_.insert(feature.identifier).second) local_cache_changed(feature.identifier);
   if (options_.is_consumer) {
     allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
     // Asynchronous loads reach this too: a gate that passed on the engine's own copy
@@ -272,7 +370,13 @@ void ConsumerGate::build_step(const StepView& step, ConnectorMeta& meta) {
   // (An entry the engine encoded itself is encoded again and needs nothing.)
   for (const auto& h : step.free_encoder_mm_hashes) {
     const bool allocated = allocated_this_step_.contains(h);
-    if (!allocated) local_cache_.erase(h);
+    if (!allocated && local_cache_.erase(h) != 0) local_cache_changed(h);
+    // A load still in flight for an entry the engine dropped, that no waiting request
+    // counts on (its request allocated the entry, then the engine evicted it): nobody
+    // would free the copy once it lands in the workers' caches.
+    if (!allocated && !copy_counts_.contains(h) && table_.has_state(h, {TransferState::loading})) {
+      unowned_loads_.insert(h);
+    }
     if ((allocated || copy_counts_.contains(h)) && table_.has_state(h, {TransferState::ready})) {
       if (std::find(meta.retained.begin(), meta.retained.end(), h) == meta.retained.end()) meta.retained.push_back(h);
       continue;
@@ -359,6 +463,7 @@ void ConsumerGate::finish(const RequestView& request) {
     copies_counted_on_.erase(it);
   }
   table_.forget_pending_request(request.request_id);
+  if (auto it = waiting_.find(request.request_id); it != waiting_.end()) waiting_.erase(it);
 }
 
 // ---------------------------------------------------------------- copies and substitutes
@@ -392,6 +497,7 @@ void ConsumerGate::note_borrow(const TransferRecord& used, std::string_view own_
       "request",
       shorten(used.transfer_id()), shorten(own_transfer_id));
   substitute_for_lender_.emplace(used.transfer_id(), Substitute{std::string(own_transfer_id), now});
+  ++substitutes_changed_;
   lender_of_substitute_.emplace(own_transfer_id, used.transfer_id());
   substitute_order_.emplace_back(now, used.transfer_id());
   while (substitute_order_.size() > options_.max_notified_remembered) forget_oldest_substitute();
@@ -430,6 +536,7 @@ void ConsumerGate::forget_substitute(std::string_view lender_id) {
     lender_of_substitute_.erase(back);
   }
   substitute_for_lender_.erase(it);
+  ++substitutes_changed_;
 }
 
 void ConsumerGate::finish_substitute_side(std::string_view lender_id, bool lender, TimePoint now,

@@ -32,10 +32,11 @@ namespace ecx::scheduler {
 class ConsumerGate {
  public:
   struct Stats {
-    std::uint64_t alloc_loads = 0;        // loads dispatched by after_alloc
-    std::uint64_t alloc_load_misses = 0;  // allocated as external, but nothing left to load
-    std::uint64_t local_fallbacks = 0;    // unreachable items released to be encoded locally
-    std::uint64_t stranded_items = 0;     // unreachable items held (no media) and reported
+    std::uint64_t alloc_loads = 0;          // loads dispatched by after_alloc
+    std::uint64_t alloc_load_misses = 0;    // allocated as external, but nothing left to load
+    std::uint64_t local_fallbacks = 0;      // unreachable items released to be encoded locally
+    std::uint64_t stranded_items = 0;       // unreachable items held (no media) and reported
+    std::uint64_t rechecks_remembered = 0;  // re-checks answered "still waiting" by the memo
   };
 
   // `options` and `failures` must outlive the gate; options.cancel_attempts >= 1.
@@ -89,8 +90,36 @@ class ConsumerGate {
     bool borrower_done = false;
   };
 
-  void note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
-                          std::string_view request_id, TimePoint now);
+  // Waits for the push; returns the record waited on (nullptr: refused).
+  const TransferRecord* note_awaiting_push(std::string_view mm_hash, std::string_view waiting_id, bool invented,
+                                           std::string_view request_id, TimePoint now);
+  // A request found waiting by a check that changed nothing, kept so that its next
+  // re-check costs a lookup while nothing that check read has changed: the stamps of
+  // its items' hashes (the table changes them for any change of their records, the
+  // engine cache mirror for a change of membership) and of the records it names, its
+  // computed tokens, the substitutes, the load mode, and the earliest deadline it
+  // waits under. The same check would change nothing again and answer the same.
+  struct Waiting {
+    struct Item {
+      TransferTable::HashStamp stamp;  // entry kNoId: no live record, decided by local_hit
+      bool local_hit = false;
+      // The record of the transfer id the request names for it (its lease is touched
+      // when available, and it may hold other content than the item's hash).
+      TransferTable::RecordStamp named;
+    };
+    std::int64_t num_computed_tokens = 0;
+    std::size_t features = 0;
+    std::uint64_t substitutes_changed = 0;
+    bool asynchronous_loads = true;
+    bool unavailable_reaches_engine = true;
+    TimePoint valid_until;
+    std::vector<Item> items;  // of the features not computed, in order
+  };
+  bool still_waiting(const RequestView& request, std::int64_t num_computed_tokens, TimePoint now) const;
+  // False (nothing kept) for a request whose next check would not be the same.
+  bool remember_waiting(const RequestView& request, std::int64_t num_computed_tokens, TimePoint valid_until);
+  // The engine cache mirror changed for `mm_hash`: remembered waits on it end.
+  void local_cache_changed(std::string_view mm_hash) { table_.touch_hash(mm_hash); }
   void load_at_alloc(const RequestView& request, std::size_t index);
   // Unavailable channel absent: whether item `index`, waiting for `waiting_id`, is
   // let through to be encoded locally because its push cannot arrive any more.
@@ -144,6 +173,7 @@ class ConsumerGate {
   // would otherwise keep it until the bound).
   detail::StringMap<Substitute> substitute_for_lender_;
   detail::StringMap<std::string> lender_of_substitute_;
+  std::uint64_t substitutes_changed_ = 0;                           // counts changes of substitute_for_lender_
   std::deque<std::pair<TimePoint, std::string>> substitute_order_;  // (since, lender id), oldest first
   // Transfers whose naming request is done with them (bounded, oldest forgotten): a
   // request served by one of these owes nothing to a request that has finished.
@@ -156,6 +186,8 @@ class ConsumerGate {
   // "<request id>\n<index>" of items released to local encoding (or reported
   // stranded), so each is counted and logged once.
   detail::RecentIds fallen_back_;
+  // Requests found waiting (request id ->), forgotten when they pass or finish.
+  detail::StringMap<Waiting> waiting_;
 };
 
 }  // namespace ecx::scheduler

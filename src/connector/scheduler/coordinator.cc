@@ -107,6 +107,9 @@ std::uint64_t SchedulerCoordinator::export_metrics(metrics::Registry& registry) 
     sink.counter("scheduler_readiness_recovered_total",
                  "Readiness learnt by asking a shard before its event was drained (lost, or queued behind others)",
                  s.readiness_recovered);
+    sink.counter("scheduler_rechecks_remembered_total",
+                 "Re-checks of a waiting request answered from memory: nothing it waits on had changed",
+                 s.rechecks_remembered);
     sink.counter("scheduler_pushes_planned_total", "Pushes the producer's scheduler planned", s.pushes_planned);
     sink.counter("scheduler_local_fallbacks_total", "Items whose push could no longer arrive, encoded locally instead",
                  s.local_fallbacks);
@@ -246,6 +249,7 @@ CoordinatorStats SchedulerCoordinator::stats() const noexcept {
   s.cancels_abandoned = channel.cancels_abandoned;
   s.alloc_loads = gate.alloc_loads;
   s.alloc_load_misses = gate.alloc_load_misses;
+  s.rechecks_remembered = gate.rechecks_remembered;
   s.local_fallbacks = gate.local_fallbacks;
   s.stranded_items = gate.stranded_items + store.stranded;
   return s;

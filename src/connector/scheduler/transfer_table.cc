@@ -166,6 +166,36 @@ const TransferTable::HashIndex* TransferTable::find_hash(std::string_view mm_has
   return id == detail::kNoId ? nullptr : &hash_entries_[id];
 }
 
+TransferTable::HashStamp TransferTable::stamp(std::string_view mm_hash) const {
+  const std::uint32_t id = find_hash_id(mm_hash, detail::key_hash(mm_hash));
+  return id == detail::kNoId ? HashStamp{} : HashStamp{id, hash_entries_[id].changed};
+}
+
+bool TransferTable::unchanged(const HashStamp& stamp) const noexcept {
+  if (stamp.entry == detail::kNoId) return false;
+  // A freed entry keeps its storage (the pool never shrinks); a reused one has a
+  // later count.
+  const HashIndex& entry = hash_entries_[stamp.entry];
+  return entry.in_use && entry.changed == stamp.changed;
+}
+
+TransferTable::RecordStamp TransferTable::record_stamp(std::string_view transfer_id) const {
+  const TransferRecord* r = find(transfer_id);
+  return r == nullptr ? RecordStamp{} : RecordStamp{r->pool_id_, r->changed_};
+}
+
+bool TransferTable::unchanged(const RecordStamp& stamp, std::string_view transfer_id) const {
+  if (stamp.record == detail::kNoId) return find(transfer_id) == nullptr;
+  // A record dropped and its storage reused has a later count.
+  const TransferRecord& r = records_[stamp.record];
+  return r.in_use_ && r.changed_ == stamp.changed;
+}
+
+void TransferTable::touch_hash(std::string_view mm_hash) {
+  const std::uint32_t id = find_hash_id(mm_hash, detail::key_hash(mm_hash));
+  if (id != detail::kNoId) hash_entries_[id].changed = ++changes_;
+}
+
 const TransferRecord* TransferTable::oldest_in_state(std::string_view mm_hash, TransferState state) const {
   const HashIndex* entry = find_hash(mm_hash);
   return entry == nullptr || is_terminal(state) ? nullptr : entry->by_state[idx(state)].head;
@@ -194,6 +224,7 @@ TransferRecord& TransferTable::create(std::string_view transfer_id, KeyHashes ha
   r.mm_hash_hash_ = hashes.mm_hash;
   r.state_ = TransferState::waiting_event;
   r.sequence_ = next_sequence_++;
+  r.changed_ = ++changes_;
   by_id_.insert(hashes.id, id);
   return r;
 }
@@ -208,6 +239,7 @@ void TransferTable::attach_hash(TransferRecord& r) {
   entry.set_key(r.mm_hash_);
   entry.live_states = 0;
   entry.in_use = true;
+  entry.changed = ++changes_;
   by_hash_.insert(entry.hash, id);
   r.hash_entry_ = id;
 }
@@ -224,10 +256,12 @@ void TransferTable::detach_hash(TransferRecord& r) {
 }
 
 void TransferTable::leave_state(TransferRecord& r) {
+  r.changed_ = ++changes_;  // every change of state and every erasure passes here
   if (RecordList* list = order_list(r.order_list_)) ListOps::unlink(*list, r, &TransferRecord::order_hook_);
   r.order_list_ = kNoList;
   if (r.hash_entry_ != detail::kNoId) {
     HashIndex& entry = hash_entries_[r.hash_entry_];
+    entry.changed = changes_;
     RecordList& list = entry.by_state[idx(r.state_)];
     ListOps::unlink(list, r, &TransferRecord::hash_hook_);
     if (list.size == 0) entry.live_states = static_cast<std::uint8_t>(entry.live_states & ~(1u << idx(r.state_)));
@@ -250,6 +284,7 @@ void TransferTable::enter_state(TransferRecord& r, TimePoint now) {
   if (!is_terminal(r.state_) && !r.mm_hash_.empty()) {
     attach_hash(r);
     HashIndex& entry = hash_entries_[r.hash_entry_];
+    entry.changed = ++changes_;
     ListOps::push_back(entry.by_state[idx(r.state_)], r, &TransferRecord::hash_hook_);
     entry.live_states = static_cast<std::uint8_t>(entry.live_states | 1u << idx(r.state_));
   } else {
@@ -278,6 +313,7 @@ void TransferTable::enter_state(TransferRecord& r, TimePoint now) {
     case S::expired:
     case S::failed:
     case S::cancelled: {
+      ++undoings_;
       r.deadline_ = now + limits_.reservation_ttl;
       r.queued_for_dispatch_ = false;
       notify_waiters(r);
@@ -417,15 +453,16 @@ bool TransferTable::observe_abandoned(std::string_view transfer_id, std::string_
   return transition(*r, TransferState::unavailable, now);
 }
 
-void TransferTable::touch_available(std::string_view transfer_id, TimePoint now) {
+bool TransferTable::touch_available(std::string_view transfer_id, TimePoint now) {
   TransferRecord* r = find_mutable(transfer_id);
-  if (r == nullptr || r->state_ != TransferState::available) return;
+  if (r == nullptr || r->state_ != TransferState::available) return false;
   const TimePoint deadline = now + limits_.reservation_ttl;
-  if (r->deadline_ && *r->deadline_ >= deadline) return;
+  if (r->deadline_ && *r->deadline_ >= deadline) return true;
   // Same state, later deadline: move it within the deadline order.
   leave_state(*r);
   r->deadline_ = deadline;
   enter_state(*r, now);
+  return true;
 }
 
 const TransferRecord* TransferTable::begin_load(std::string_view mm_hash, std::optional<std::string_view> preferred_id,
@@ -532,8 +569,10 @@ void TransferTable::evict_residents(TimePoint now) {
 }
 
 void TransferTable::reclaim(std::string_view mm_hash, TimePoint now) {
-  const HashIndex* entry = find_hash(mm_hash);
-  if (entry == nullptr) return;
+  const std::uint32_t id = find_hash_id(mm_hash, detail::key_hash(mm_hash));
+  if (id == detail::kNoId) return;
+  HashIndex* entry = &hash_entries_[id];
+  entry->changed = ++changes_;  // the ready copies lose their spec without a change of state
   for (auto* r = entry->by_state[idx(TransferState::ready)].head; r; r = r->hash_hook_.next) r->spec_.reset();
   std::vector<TransferRecord*> resident;
   for (auto* r = entry->by_state[idx(TransferState::resident)].head; r; r = r->hash_hook_.next) {
@@ -564,7 +603,7 @@ bool TransferTable::cancel(std::string_view transfer_id, TimePoint now, std::str
   }
   if (!mm_hash.empty() && !r->mm_hash_.empty() && r->mm_hash_ != mm_hash) return false;
   if (!request_id.empty()) {
-    std::erase(r->waiters_, request_id);
+    if (std::erase(r->waiters_, request_id) != 0) ++undoings_;
     if (!r->waiters_.empty()) return false;  // another request still waits for it
   }
   switch (r->state_) {
@@ -581,7 +620,8 @@ bool TransferTable::cancel(std::string_view transfer_id, TimePoint now, std::str
 }
 
 void TransferTable::withdraw(std::string_view transfer_id, std::string_view request_id) {
-  if (TransferRecord* r = find_mutable(transfer_id)) std::erase(r->waiters_, request_id);
+  TransferRecord* r = find_mutable(transfer_id);
+  if (r != nullptr && std::erase(r->waiters_, request_id) != 0) ++undoings_;
 }
 
 void TransferTable::expire(TimePoint now, std::vector<std::string>& remote_cancels) {

@@ -82,6 +82,86 @@ TEST(ConsumerGate, APushThatNeverArrivesFailsTheRequest) {
   EXPECT_EQ(g.failures.take(g.gate.take_unavailable_requests()), std::vector<std::string>{"r1"});
 }
 
+TEST(ConsumerGate, AWaitingRequestIsReCheckedFromMemoryUntilSomethingItWaitsOnChanges) {
+  Gate g;
+  auto r = request("r1", {"h0"}, {"t0"});
+  auto other = request("r2", {"h1"}, {"t1"});
+  EXPECT_FALSE(g.gate.admit(r, 0));  // creates the wait, which the next check would find: remembered
+  EXPECT_EQ(g.gate.bookkeeping().remembered_waits, 1u);
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 1u);
+
+  // Another item's push landing changes nothing r1 waits on.
+  EXPECT_FALSE(g.gate.admit(other, 0));
+  g.events->ready("t1", "h1");
+  g.step();
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 2u);
+
+  // Its own push lands: decided afresh, and its load starts.
+  g.events->ready("t0", "h0");
+  g.step();
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 2u);
+  EXPECT_EQ(g.state("t0"), S::loading);
+  EXPECT_FALSE(g.gate.admit(r, 0));  // waits for the load: remembered again
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 3u);
+  g.step();
+  g.gate.take_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  EXPECT_TRUE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 3u);
+  EXPECT_EQ(g.gate.bookkeeping().remembered_waits, 1u);  // r2's (not checked since its push landed)
+  g.gate.finish(other);
+  EXPECT_EQ(g.gate.bookkeeping().remembered_waits, 0u);
+}
+
+TEST(ConsumerGate, ARememberedWaitStillEndsAtItsDeadline) {
+  Gate g;
+  auto r = request("r1", {"h0"}, {"t0"});
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 1u);
+  g.clock->advance(60s);  // the push wait (push_wait_timeout) ends now
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 1u);
+  EXPECT_TRUE(is_terminal(g.state("t0")));
+  EXPECT_EQ(g.failures.take(g.gate.take_unavailable_requests()), std::vector<std::string>{"r1"});
+}
+
+TEST(ConsumerGate, AnEngineCacheEntryOfAnItemEndsItsRememberedWait) {
+  Gate g;
+  auto r = request("r1", {"h0"}, {"t0"});
+  auto holder = request("r2", {"h0"}, {"t9"});
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_FALSE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 1u);
+  g.gate.after_alloc(holder, 0);  // the engine now holds h0 (encoded it, say)
+  EXPECT_TRUE(g.gate.admit(r, 0));
+  EXPECT_EQ(g.gate.stats().rechecks_remembered, 1u);
+}
+
+TEST(ConsumerGate, ALoadWhoseEntryTheEngineDroppedBeforeItLandedIsFreedWhenItLands) {
+  Gate g;
+  auto r = request("r1", {"h0"}, {"t0"});
+  g.events->ready("t0", "h0");
+  EXPECT_FALSE(g.gate.admit(r, 0));  // starts the load
+  ASSERT_EQ(g.step().loads.size(), 1u);
+  // The engine allocates the entry while the load is in flight (a preempted request
+  // re-checked, say), then evicts it.
+  g.gate.after_alloc(r, 0);
+  g.step();
+  StepView evicted;
+  evicted.free_encoder_mm_hashes = {"h0"};
+  g.step(evicted);
+  g.gate.take_output(WorkerOutput{{"h0"}, {}, {}, false, {}});
+  // Nobody holds the copy the load brought in: the workers drop it.
+  const auto meta = g.step();
+  EXPECT_EQ(meta.freed, std::vector<std::string>{"h0"});
+  EXPECT_NE(g.state("t0"), S::ready);
+  g.gate.finish(r);
+  EXPECT_EQ(g.gate.bookkeeping().unowned_loads, 0u);
+}
+
 TEST(ConsumerGate, WithoutTheUnavailableChannelAnUnreachableItemIsEncodedLocally) {
   auto options = testing::consumer_options();
   options.unavailable_reaches_engine = false;

@@ -74,8 +74,10 @@ class ByteChoices final : public Choices {
 // One random life of a consumer (sometimes also producer) coordinator.
 class CoordinatorModel {
  public:
-  explicit CoordinatorModel(Choices& choices) : choices_(choices) {
+  // `remember_waiting` off: the load gate decides every re-check afresh.
+  explicit CoordinatorModel(Choices& choices, bool remember_waiting = true) : choices_(choices) {
     auto options = consumer_options();
+    options.remember_waiting = remember_waiting;
     options.is_producer = pick(4) == 0;
     options.encoder_output_width = 16;
     options.control_address.clear();  // no remote control: cancels stay local (no threads)
@@ -95,6 +97,7 @@ class CoordinatorModel {
     for (int i = 0; i < steps; ++i) {
       const std::string op = random_op();
       if (trace_) std::fprintf(stderr, "  op #%d %s\n", i, describe(op).c_str());
+      if (decisions_ != nullptr) decisions_->push_back(describe(op) + " | " + outcome_text());
       if (auto problem = check(); !problem.empty())
         return "after op #" + std::to_string(i) + " (" + op + "): " + problem;
     }
@@ -109,6 +112,22 @@ class CoordinatorModel {
     for (const auto& h : engine_cache_) out += " " + h;
     out += " | loading:";
     for (const auto& h : in_flight_) out += " " + h;
+    return out;
+  }
+
+  const SchedulerCoordinator& coordinator() const { return *coordinator_; }
+
+  // From now on, run() appends each operation's description (describe) and what the
+  // engine was told (outcome_text) to `out`.
+  void record_decisions(std::vector<std::string>* out) { decisions_ = out; }
+
+  // Which live requests passed their gate, and every request told unavailable.
+  std::string outcome_text() const {
+    std::string out = "admitted:";
+    for (const auto& [id, r] : live_)
+      if (r.admitted) out += " " + id;
+    out += " | unavailable:";
+    for (const auto& id : notified_) out += " " + id;
     return out;
   }
 
@@ -155,6 +174,7 @@ class CoordinatorModel {
         {"engine cache entries", b.engine_cache_entries},
         {"malformed requests pending", b.malformed_pending},
         {"push bindings", b.push_bindings},
+        {"remembered waits", b.remembered_waits},
     };
     for (const auto& [what, n] : left) {
       if (n != 0)
@@ -442,6 +462,7 @@ class CoordinatorModel {
   std::string duplicate_notification_;
   std::uint64_t next_request_ = 0;
   bool deadline_check_due_ = false;
+  std::vector<std::string>* decisions_ = nullptr;
 };
 
 }  // namespace ecx::scheduler::testing

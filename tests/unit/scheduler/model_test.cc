@@ -39,5 +39,43 @@ TEST(SchedulerModel, RandomSequencesKeepEveryInvariant) {
   RecordProperty("sequences", static_cast<int>(count));
 }
 
+// The load gate's memo of waiting requests decides nothing: the same random lives,
+// run with it and without it, make the same decisions after every operation (the
+// records and their states, the engine's cache, the loads, which requests passed and
+// which were told unavailable).
+TEST(SchedulerModel, RememberingWaitingRequestsChangesNoDecision) {
+  const std::uint64_t sequences = env_number("ECX_SCHEDULER_MODEL_SEQUENCES", kDefaultSequences) / 2;
+  const std::uint64_t first = env_number("ECX_SCHEDULER_MODEL_SEED", 0);
+  const std::uint64_t count = std::getenv("ECX_SCHEDULER_MODEL_SEED") ? 1 : sequences;
+  std::uint64_t remembered = 0;
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    testing::SeededChoices choices_with(seed);
+    testing::SeededChoices choices_without(seed);
+    testing::CoordinatorModel with(choices_with, /*remember_waiting=*/true);
+    testing::CoordinatorModel without(choices_without, /*remember_waiting=*/false);
+    std::vector<std::string> decisions_with;
+    std::vector<std::string> decisions_without;
+    with.record_decisions(&decisions_with);
+    without.record_decisions(&decisions_without);
+    std::string problem = with.run(80);
+    ASSERT_EQ(problem, without.run(80)) << "seed " << seed;
+    ASSERT_EQ(decisions_with.size(), decisions_without.size()) << "seed " << seed;
+    for (std::size_t k = 0; k < decisions_with.size(); ++k) {
+      ASSERT_EQ(decisions_with[k], decisions_without[k])
+          << "seed " << seed << ", operation #" << k << " (rerun with ECX_SCHEDULER_MODEL_SEED=" << seed << ")";
+    }
+    if (problem.empty()) {
+      problem = with.settle();
+      ASSERT_EQ(problem, without.settle()) << "seed " << seed;
+    }
+    ASSERT_TRUE(problem.empty()) << "seed " << seed << ": " << problem;
+    EXPECT_EQ(without.coordinator().stats().rechecks_remembered, 0u);
+    remembered += with.coordinator().stats().rechecks_remembered;
+  }
+  // The memo answered re-checks (the comparison above would prove nothing otherwise).
+  EXPECT_GT(remembered, count);
+  RecordProperty("rechecks_remembered", static_cast<int>(remembered));
+}
+
 }  // namespace
 }  // namespace ecx::scheduler

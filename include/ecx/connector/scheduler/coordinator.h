@@ -81,6 +81,10 @@ struct CoordinatorOptions {
   // engine to encode locally (when the request carries its media) instead of
   // holding the request for good.
   bool unavailable_reaches_engine = true;
+  // The engine re-checks every waiting request every step. A request the load gate
+  // found waiting is remembered, and re-checked with one lookup while nothing it
+  // waits on changed. Off: every re-check decides afresh (the tests compare both).
+  bool remember_waiting = true;
 
   // From the ECX configuration; `model_dtype` and `model_hidden_width` come from
   // the engine's model config (encoder_output_width, when set, wins).
@@ -114,6 +118,9 @@ struct CoordinatorStats {
   std::uint64_t readiness_recovered = 0;
   std::uint64_t alloc_loads = 0;        // loads dispatched by update_state_after_alloc
   std::uint64_t alloc_load_misses = 0;  // allocated as external, but nothing left to load
+  // Re-checks of a waiting request answered from the load gate's memo (nothing it
+  // waits on had changed).
+  std::uint64_t rechecks_remembered = 0;
   // Items whose push can no longer arrive, on an engine that never fails requests
   // through take_unavailable_requests: released to be encoded locally, or (no media)
   // held and reported.
@@ -207,6 +214,7 @@ class SchedulerCoordinator {
     std::size_t engine_cache_entries = 0;
     std::size_t malformed_pending = 0;
     std::size_t push_bindings = 0;
+    std::size_t remembered_waits = 0;  // requests the load gate remembers as waiting
   };
   Bookkeeping bookkeeping() const noexcept;
 

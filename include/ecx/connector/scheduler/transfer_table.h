@@ -126,6 +126,7 @@ class TransferRecord {
   std::vector<std::string> notified_;
   std::string load_owner_;
   std::uint64_t sequence_ = 0;
+  std::uint64_t changed_ = 0;  // the table's change count at its creation or last change of state
   bool invented_name_ = false;
   bool queued_for_dispatch_ = false;
   // Which ordering list holds the record (deadline lists, resident LRU,
@@ -174,6 +175,35 @@ class TransferTable {
   const TableLimits& limits() const noexcept { return limits_; }
   const TableStats& stats() const noexcept { return stats_; }
 
+  // What a caller keeps of an mm_hash's live records to tell later, without hashing
+  // the key again, whether any of them changed since: a record of the hash entered
+  // or left a state, one was created, its spec was dropped, or touch_hash was called
+  // (the load gate's re-checks of waiting requests).
+  struct HashStamp {
+    std::uint32_t entry = detail::kNoId;  // kNoId: the hash had no live record
+    std::uint64_t changed = 0;
+  };
+  HashStamp stamp(std::string_view mm_hash) const;
+  // Counts the changes a second call could not find already made: waiters withdrawn,
+  // records ended. Equal before and after a call that only creates records, adds
+  // waiters and starts loads: the same call again would find them and change nothing.
+  std::uint64_t undoings() const noexcept { return undoings_; }
+  // The hash still has live records and none changed since `stamp` was taken (false
+  // for a stamp of no live record).
+  bool unchanged(const HashStamp& stamp) const noexcept;
+  // The same for one transfer id's record (terminal ones too).
+  struct RecordStamp {
+    std::uint32_t record = detail::kNoId;  // kNoId: no record
+    std::uint64_t changed = 0;
+  };
+  RecordStamp record_stamp(std::string_view transfer_id) const;
+  // No record was created, changed state or dropped since: for kNoId, `transfer_id`
+  // still names no record (a lookup); otherwise a comparison.
+  bool unchanged(const RecordStamp& stamp, std::string_view transfer_id) const;
+  // Something a caller decides by beside these records changed for `mm_hash`: its
+  // stamps stop matching. No effect for a hash without live records.
+  void touch_hash(std::string_view mm_hash);
+
   // --- operations (`now` is the caller's one timestamp for its whole decision)
 
   // `request_id` needs `transfer_id` (carrying `mm_hash`) and found nothing usable.
@@ -194,7 +224,8 @@ class TransferTable {
   // ignore it (the data landed). Returns whether the record changed.
   bool observe_abandoned(std::string_view transfer_id, std::string_view mm_hash, TimePoint now);
   // A request still names this available transfer: push its deadline to now + ttl.
-  void touch_available(std::string_view transfer_id, TimePoint now);
+  // Whether the record is available.
+  bool touch_available(std::string_view transfer_id, TimePoint now);
   // Starts loading `mm_hash` for `request_id`: the record named `preferred_id` if it
   // is available for this hash, else the earliest available or resident record of
   // the hash. → loading with `load_deadline`, queued for dispatch. nullptr if none.
@@ -272,6 +303,7 @@ class TransferTable {
     std::uint8_t live_states = 0;  // bit s: by_state[s] is not empty (has_state reads only this)
     bool in_use = false;
     std::uint64_t hash = 0;
+    std::uint64_t changed = 0;  // the table's change count when a record of it last changed
     std::array<detail::RecordList, kLiveStateCount> by_state;  // each in order of entry to the state
     std::string long_key;                                      // a key longer than kInlineKey
 
@@ -324,6 +356,10 @@ class TransferTable {
   detail::Pool<HashIndex> hash_entries_;
   detail::FlatIndex by_hash_;  // mm_hash -> hash entry
   std::uint64_t next_sequence_ = 1;
+  // Counts records created, changes of state, erasures, specs dropped and touch_hash
+  // calls: a stamp is its value at the last of these for its entry or record.
+  std::uint64_t changes_ = 0;
+  std::uint64_t undoings_ = 0;  // see undoings()
   // Deadline-ordered lists (new deadlines are almost always the latest, so
   // insertion is O(1)) and the resident LRU.
   detail::RecordList waiting_;
