@@ -322,6 +322,7 @@ struct ConsumerSim::State {
     std::optional<TimePoint> encoded;  // the producer's stamp: its last output handed to ECX
     std::string sender;                // the producer's routing id
     bool wants_answer = false;         // the producer waits for this request's outcome (max_unresolved)
+    std::string params_text;           // ec_transfer_params as forwarded, until ECX reads them
   };
   std::map<std::string, Pending> pending;          // admitted, not yet resolved
   std::vector<std::string> order;                  // admission order of `pending`
@@ -379,16 +380,28 @@ struct ConsumerSim::State {
       p.view.mm_features = features_of(p.items);
       // What a proxy forwards: the encoder's ec_transfer_params as they are (its
       // ec_items, mm_hash + transfer_id, and the handles under each hash), or
-      // {mm_hash, "store": true} items for what it found in the store. Read as the
-      // Python connector reads them, from the JSON text.
-      if (request.ec_transfer_params.empty()) {
-        set_ec_transfer_params(p.view, json::object());
-      } else {
-        p.view.set_ec_transfer_params_text(request.ec_transfer_params);
-      }
+      // {mm_hash, "store": true} items for what it found in the store. ECX reads them
+      // (read_params), outside the simulator's own time.
+      p.params_text = std::move(request.ec_transfer_params);
       ++result.progress.requests_admitted;
       order.push_back(p.view.request_id);
       pending.emplace(p.view.request_id, std::move(p));
+    }
+  }
+
+  // ECX reads the ec_transfer_params of the requests admitted from `order[first]` on,
+  // from their JSON text, as the Python connector does once per request (RequestView).
+  void read_params(std::size_t first) {
+    for (std::size_t k = first; k < order.size(); ++k) {
+      auto it = pending.find(order[k]);
+      if (it == pending.end()) continue;
+      Pending& p = it->second;
+      if (p.params_text.empty()) {
+        set_ec_transfer_params(p.view, json::object());
+      } else {
+        p.view.set_ec_transfer_params_text(p.params_text);
+      }
+      p.params_text = std::string();
     }
   }
 
@@ -593,9 +606,11 @@ struct ConsumerSim::State {
     const bool done_before = producer_done;
     // The admit channel stands in for the proxy: its messages are the simulator's cost.
     auto admitting = sim_cpu.start();
+    const std::size_t order_before = order.size();
     admit_messages();
     const std::size_t pending_before = pending.size();
     admitting.stop(result.sim_engine_ns);
+    read_params(order_before);
     // Schedule: gate, then allocate what passed.
     std::vector<std::pair<std::string, bool>> scheduled;  // (request id, allocated cleanly)
     for (const auto& id : order) {
