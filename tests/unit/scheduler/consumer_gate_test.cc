@@ -23,7 +23,7 @@ struct Gate {
         control(std::make_shared<testing::FakeConsumerControl>(std::vector<std::string>{"tcp://127.0.0.1:14579"})),
         failures(options.max_notified_remembered),
         gate(options, clock, events, control, failures) {}
-  ConnectorMeta step(StepView view = {}) {
+  ConnectorMeta step(const StepView& view = {}) {
     ConnectorMeta meta;
     gate.build_step(view, meta);
     return meta;

@@ -13,9 +13,19 @@
 namespace ecx::scheduler {
 namespace {
 
-std::uint64_t env_number(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+// The seeds to run: ECX_SCHEDULER_MODEL_SEED alone, or `sequences` from 0
+// (ECX_SCHEDULER_MODEL_SEQUENCES overrides the count).
+struct Seeds {
+  std::uint64_t first = 0;
+  std::uint64_t count = 0;
+};
+Seeds seeds(std::uint64_t sequences) {
+  // Read before any thread starts.
+  const char* seed = std::getenv("ECX_SCHEDULER_MODEL_SEED");        // NOLINT(concurrency-mt-unsafe)
+  const char* count = std::getenv("ECX_SCHEDULER_MODEL_SEQUENCES");  // NOLINT(concurrency-mt-unsafe)
+  if (seed != nullptr && *seed != '\0') return {std::strtoull(seed, nullptr, 10), 1};
+  if (count != nullptr && *count != '\0') sequences = std::strtoull(count, nullptr, 10);
+  return {0, sequences};
 }
 
 #ifdef ECX_SANITIZED
@@ -25,9 +35,7 @@ constexpr std::uint64_t kDefaultSequences = 10'000;
 #endif
 
 TEST(SchedulerModel, RandomSequencesKeepEveryInvariant) {
-  const std::uint64_t sequences = env_number("ECX_SCHEDULER_MODEL_SEQUENCES", kDefaultSequences);
-  const std::uint64_t first = env_number("ECX_SCHEDULER_MODEL_SEED", 0);
-  const std::uint64_t count = std::getenv("ECX_SCHEDULER_MODEL_SEED") ? 1 : sequences;
+  const auto [first, count] = seeds(kDefaultSequences);
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     testing::SeededChoices choices(seed);
     testing::CoordinatorModel model(choices);
@@ -44,9 +52,8 @@ TEST(SchedulerModel, RandomSequencesKeepEveryInvariant) {
 // records and their states, the engine's cache, the loads, which requests passed and
 // which were told unavailable).
 TEST(SchedulerModel, RememberingWaitingRequestsChangesNoDecision) {
-  const std::uint64_t sequences = env_number("ECX_SCHEDULER_MODEL_SEQUENCES", kDefaultSequences) / 2;
-  const std::uint64_t first = env_number("ECX_SCHEDULER_MODEL_SEED", 0);
-  const std::uint64_t count = std::getenv("ECX_SCHEDULER_MODEL_SEED") ? 1 : sequences;
+  // Each seed runs twice: half as many seeds for about the same time.
+  const auto [first, count] = seeds(kDefaultSequences / 2);
   std::uint64_t remembered = 0;
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     testing::SeededChoices choices_with(seed);
@@ -72,8 +79,11 @@ TEST(SchedulerModel, RememberingWaitingRequestsChangesNoDecision) {
     EXPECT_EQ(without.coordinator().stats().rechecks_remembered, 0u);
     remembered += with.coordinator().stats().rechecks_remembered;
   }
-  // The memo answered re-checks (the comparison above would prove nothing otherwise).
-  EXPECT_GT(remembered, count);
+  // The memo answered re-checks (the comparison above would prove nothing otherwise);
+  // a single seed rerun may never need it.
+  if (count > 1) {
+    EXPECT_GT(remembered, count);
+  }
   RecordProperty("rechecks_remembered", static_cast<int>(remembered));
 }
 
