@@ -46,7 +46,40 @@ void BM_ExpireOneDue(benchmark::State& state) {
   state.counters["live"] = static_cast<double>(loop.table->live_count());
 }
 
+// A request's ec_transfer_params as a proxy forwards them to the prefill instance:
+// `items` entries, and the encoder's handle under each item's hash (its indices, its
+// transfer id, some metadata). RequestView reads them once per request.
+std::string forwarded_params(std::int64_t items) {
+  nlohmann::json params = nlohmann::json::object();
+  nlohmann::json list = nlohmann::json::array();
+  for (std::int64_t i = 0; i < items; ++i) {
+    const std::string hash = fresh_mm_hash(static_cast<std::uint64_t>(i));
+    const std::string transfer_id = fresh_transfer_id(static_cast<std::uint64_t>(i));
+    list.push_back({{"mm_hash", hash}, {"transfer_id", transfer_id}});
+    params[hash] = {{"item_indices", {i}},
+                    {"transfer_id", transfer_id},
+                    {"metadata", {{"image_grid_thw", {1, 36, 52}}, {"modality", "image"}, {"num_embeds", 1872}}}};
+  }
+  params["ec_items"] = std::move(list);
+  params["consumer_zmq"] = "tcp://10.0.0.2:14579";
+  return params.dump();
+}
+
+// Read from the text (what RequestView does).
+void BM_ParamsFromText(benchmark::State& state) {
+  const std::string text = forwarded_params(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(parse_ec_transfer_params_text(text));
+}
+
+// The baseline: the whole document parsed into a JSON value first, then read.
+void BM_ParamsViaJsonValue(benchmark::State& state) {
+  const std::string text = forwarded_params(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(parse_ec_transfer_params(nlohmann::json::parse(text)));
+}
+
 BENCHMARK(BM_HasCacheItem)->Arg(100)->Arg(10'000)->Arg(100'000);
+BENCHMARK(BM_ParamsFromText)->Arg(1)->Arg(8);
+BENCHMARK(BM_ParamsViaJsonValue)->Arg(1)->Arg(8);
 BENCHMARK(BM_EnsureCacheAvailable)
     ->Args({100, 1})
     ->Args({10'000, 1})

@@ -25,7 +25,10 @@ void check(bool condition) {
 bool same(const ecx::scheduler::EcTransferParams& a, const ecx::scheduler::EcTransferParams& b) {
   if (a.consumer_zmq != b.consumer_zmq || a.items.size() != b.items.size()) return false;
   for (std::size_t i = 0; i < a.items.size(); ++i) {
-    if (a.items[i].mm_hash != b.items[i].mm_hash || a.items[i].transfer_id != b.items[i].transfer_id) return false;
+    if (a.items[i].mm_hash != b.items[i].mm_hash || a.items[i].transfer_id != b.items[i].transfer_id ||
+        a.items[i].from_store != b.items[i].from_store) {
+      return false;
+    }
   }
   return true;
 }
@@ -54,10 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(!parsed.is_ok());
     return 0;
   }
+  // (The text is read without building a JSON value: the two readers must agree on
+  // every input, errors word for word.)
   auto from_value = parse_ec_transfer_params(value);
   check(parsed.is_ok() == from_value.is_ok());
   if (!parsed) {
     check(!parsed.status().message().empty());
+    check(parsed.status().message() == from_value.status().message());
     return 0;
   }
   check(same(*parsed, *from_value));
