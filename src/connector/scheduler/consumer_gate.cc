@@ -86,15 +86,14 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
   }
   const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
   bool all_ready = true;
-  // Whether a "waiting" answer may be remembered: only from a check whose changes
-  // the same check again would find made (records created, waiters added, loads
-  // started), so that it would change nothing and answer the same as long as what it
-  // read stays the same; where every wait is a plain wait for a push under a deadline
-  // (and, see remember_waiting, no record's lease is kept alive by the checks
-  // themselves). Withdrawing a waiter (a borrow) or changing the substitutes could be undone by
-  // the next check: decided afresh.
+  // A "waiting" answer may be remembered only from a check whose changes the same check
+  // would find already made (records created, waiters added, loads started): it would
+  // then change nothing and answer the same while what it read stays the same. Every
+  // wait must be a plain wait for a push under a deadline. A check that withdrew a
+  // waiter (a borrow) or changed the substitutes is not such a check: the next one
+  // could undo it. (remember_waiting adds one more condition.)
   bool rememberable = options_.remember_waiting;
-  const std::uint64_t table_before = table_.undoings();
+  const std::uint64_t undoings_before = table_.undoings();
   const std::uint64_t substitutes_before = substitutes_changed_;
   TimePoint valid_until = TimePoint::max();
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
@@ -150,7 +149,7 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
     if (!options_.unavailable_reaches_engine && release_unreachable(request, i, waiting_id)) continue;
     all_ready = false;
   }
-  rememberable = rememberable && table_.undoings() == table_before && substitutes_changed_ == substitutes_before;
+  rememberable = rememberable && table_.undoings() == undoings_before && substitutes_changed_ == substitutes_before;
   const bool remembered = !all_ready && rememberable && remember_waiting(request, num_computed_tokens, valid_until);
   if (!remembered && !waiting_.empty()) {
     if (auto it = waiting_.find(request.request_id); it != waiting_.end()) waiting_.erase(it);
