@@ -148,16 +148,16 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
   const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
   const MmFeature& feature = request.mm_features[index];
   const bool has_consumer = params && !params->consumer_zmq.empty();
-  std::string transfer_id;
-  if (auto resolved = resolve_transfer_id(params, index, feature.identifier)) {
-    transfer_id = std::string(*resolved);
-  } else {
-    // Still push: once the proxy rewrote the item into embeds the consumer has no
-    // media to fall back on. But the consumer cannot cancel this invented name.
-    if (has_consumer) failures_.warn_unresolved(request, index, "push prepare");
-    transfer_id = detail::fallback_id(request, index);
-  }
   if (!has_consumer) return;
+  // Viewed, not copied: the engine re-checks a waiting request every step, and this
+  // runs for each of its items every time.
+  const std::optional<std::string_view> resolved = resolve_transfer_id(params, index, feature.identifier);
+  // Still push an unresolved item: once the proxy rewrote the item into embeds the
+  // consumer has no media to fall back on. But the consumer cannot cancel this
+  // invented name.
+  if (!resolved) failures_.warn_unresolved(request, index, "push prepare");
+  const std::string invented = resolved ? std::string() : detail::fallback_id(request, index);
+  const std::string_view transfer_id = resolved ? *resolved : std::string_view(invented);
   auto& mine = bindings_by_request_[request.request_id];
   if (std::find(mine.begin(), mine.end(), transfer_id) != mine.end()) return;  // planned once per transfer
   if (auto it = push_bindings_.find(transfer_id); it != push_bindings_.end()) {
@@ -172,7 +172,7 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
       return;
     }
     ++it->second.requests;  // the same encoding named twice: one push serves both
-    mine.push_back(transfer_id);
+    mine.emplace_back(transfer_id);
     return;
   }
   auto spec = output_spec(feature);
@@ -182,9 +182,10 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
     failures_.mark(request.request_id);
     return;
   }
-  pushes_.push_back(PushSpec{feature.identifier, *spec, params->consumer_zmq, transfer_id, request.request_id});
+  pushes_.push_back(
+      PushSpec{feature.identifier, *spec, params->consumer_zmq, std::string(transfer_id), request.request_id});
   push_bindings_.emplace(transfer_id, PushBinding{feature.identifier, params->consumer_zmq, 1});
-  mine.push_back(transfer_id);
+  mine.emplace_back(transfer_id);
   ++stats_.pushes_planned;
 }
 
