@@ -86,6 +86,10 @@ class CoordinatorModel {
     options.table.tombstone_max = 1 + pick(8);
     options.table.resident_capacity_bytes = 100 + pick(600);
     options.max_pending_shard_events = 1 + pick(4);
+    // Mostly the default engine; sometimes one that loads synchronously, or one that
+    // never fails requests through take_unavailable_requests.
+    options.asynchronous_loads = pick(4) != 0;
+    options.unavailable_reaches_engine = pick(4) != 0;
     shards_ = 1 + static_cast<int>(pick(2));
     clock_ = std::make_shared<ManualClock>();
     events_ = std::make_shared<FakeEventSource>(shards_);
