@@ -453,16 +453,15 @@ bool TransferTable::observe_abandoned(std::string_view transfer_id, std::string_
   return transition(*r, TransferState::unavailable, now);
 }
 
-bool TransferTable::touch_available(std::string_view transfer_id, TimePoint now) {
+void TransferTable::touch_available(std::string_view transfer_id, TimePoint now) {
   TransferRecord* r = find_mutable(transfer_id);
-  if (r == nullptr || r->state_ != TransferState::available) return false;
+  if (r == nullptr || r->state_ != TransferState::available) return;
   const TimePoint deadline = now + limits_.reservation_ttl;
-  if (r->deadline_ && *r->deadline_ >= deadline) return true;
+  if (r->deadline_ && *r->deadline_ >= deadline) return;
   // Same state, later deadline: move it within the deadline order.
   leave_state(*r);
   r->deadline_ = deadline;
   enter_state(*r, now);
-  return true;
 }
 
 const TransferRecord* TransferTable::begin_load(std::string_view mm_hash, std::optional<std::string_view> preferred_id,

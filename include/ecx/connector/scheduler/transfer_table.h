@@ -184,10 +184,6 @@ class TransferTable {
     std::uint64_t changed = 0;
   };
   HashStamp stamp(std::string_view mm_hash) const;
-  // Counts the changes a second call could not find already made: waiters withdrawn,
-  // records ended. Equal before and after a call that only creates records, adds
-  // waiters and starts loads: the same call again would find them and change nothing.
-  std::uint64_t undoings() const noexcept { return undoings_; }
   // The hash still has live records and none changed since `stamp` was taken (false
   // for a stamp of no live record).
   bool unchanged(const HashStamp& stamp) const noexcept;
@@ -203,6 +199,10 @@ class TransferTable {
   // Something a caller decides by beside these records changed for `mm_hash`: its
   // stamps stop matching. No effect for a hash without live records.
   void touch_hash(std::string_view mm_hash);
+  // Counts the changes a second call could not find already made: waiters withdrawn,
+  // records ended. Equal before and after a call that only creates records, adds
+  // waiters and starts loads: the same call again would find them and change nothing.
+  std::uint64_t undoings() const noexcept { return undoings_; }
 
   // --- operations (`now` is the caller's one timestamp for its whole decision)
 
@@ -224,8 +224,7 @@ class TransferTable {
   // ignore it (the data landed). Returns whether the record changed.
   bool observe_abandoned(std::string_view transfer_id, std::string_view mm_hash, TimePoint now);
   // A request still names this available transfer: push its deadline to now + ttl.
-  // Whether the record is available.
-  bool touch_available(std::string_view transfer_id, TimePoint now);
+  void touch_available(std::string_view transfer_id, TimePoint now);
   // Starts loading `mm_hash` for `request_id`: the record named `preferred_id` if it
   // is available for this hash, else the earliest available or resident record of
   // the hash. → loading with `load_deadline`, queued for dispatch. nullptr if none.
