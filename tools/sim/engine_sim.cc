@@ -466,7 +466,7 @@ struct ConsumerSim::State {
       auto& users = allocated[h];
       if (users == 0) {
         if (!scheduler->has_cache_item(h) && !caches[0].contains(h)) {
-          const auto* params = p.view.ec_transfer_params ? &*p.view.ec_transfer_params : nullptr;
+          const auto* params = p.view.params();
           if (scheduler::is_store_item(params, i, h)) {
             encode_locally(p.items[i]);  // the store could not give it: the engine encodes it
           } else {

@@ -84,7 +84,7 @@ bool ConsumerGate::admit(const RequestView& request, std::int64_t num_computed_t
     ++stats_.rechecks_remembered;
     return false;
   }
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   bool all_ready = true;
   // A "waiting" answer may be remembered only from a check whose changes the same check
   // would find already made (records created, waiters added, loads started): it would
@@ -168,7 +168,7 @@ bool ConsumerGate::still_waiting(const RequestView& request, std::int64_t num_co
       w.unavailable_reaches_engine != options_.unavailable_reaches_engine) {
     return false;
   }
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   std::size_t k = 0;
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
     const MmFeature& feature = request.mm_features[i];
@@ -194,14 +194,23 @@ bool ConsumerGate::still_waiting(const RequestView& request, std::int64_t num_co
 
 bool ConsumerGate::remember_waiting(const RequestView& request, std::int64_t num_computed_tokens,
                                     TimePoint valid_until) {
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
-  // Each check pushes out the lease of an available record the request names
-  // (touch_available): such a request is checked every time.
+  const EcTransferParams* params = request.params();
+  std::vector<Waiting::Item> items;
+  items.reserve(request.mm_features.size());
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
-    if (request.mm_features[i].computed_by(num_computed_tokens)) continue;
-    const auto transfer_id = resolve_transfer_id(params, i, request.mm_features[i].identifier);
-    const TransferRecord* named = transfer_id ? table_.find(*transfer_id) : nullptr;
-    if (named != nullptr && named->state() == TransferState::available) return false;
+    const MmFeature& feature = request.mm_features[i];
+    if (feature.computed_by(num_computed_tokens)) continue;
+    Waiting::Item item;
+    item.stamp = table_.stamp(feature.identifier);  // after every change this check made
+    item.local_hit = local_cache_.contains(feature.identifier);
+    if (const auto transfer_id = resolve_transfer_id(params, i, feature.identifier)) {
+      const TransferRecord* named = table_.find(*transfer_id);
+      // Each check pushes out the lease of an available record the request names
+      // (touch_available): such a request is checked every time.
+      if (named != nullptr && named->state() == TransferState::available) return false;
+      item.named = table_.record_stamp(named);
+    }
+    items.push_back(item);
   }
   // Bounded: when full, start over (a forgotten request is only decided afresh).
   if (waiting_.size() >= options_.max_notified_remembered && !waiting_.contains(request.request_id)) waiting_.clear();
@@ -212,18 +221,7 @@ bool ConsumerGate::remember_waiting(const RequestView& request, std::int64_t num
   w.asynchronous_loads = options_.asynchronous_loads;
   w.unavailable_reaches_engine = options_.unavailable_reaches_engine;
   w.valid_until = valid_until;
-  w.items.clear();
-  for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
-    const MmFeature& feature = request.mm_features[i];
-    if (feature.computed_by(num_computed_tokens)) continue;
-    Waiting::Item item;
-    item.stamp = table_.stamp(feature.identifier);  // after every change this check made
-    item.local_hit = local_cache_.contains(feature.identifier);
-    if (const auto transfer_id = resolve_transfer_id(params, i, feature.identifier)) {
-      item.named = table_.record_stamp(*transfer_id);
-    }
-    w.items.push_back(item);
-  }
+  w.items = std::move(items);
   return true;
 }
 
@@ -307,7 +305,7 @@ void ConsumerGate::load_at_alloc(const RequestView& request, std::size_t index) 
   // The engine allocated a landed item as an external load and runs it in this step:
   // its copy is dispatched with this step's plan.
   const TimePoint now = clock_->now();
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   const MmFeature& feature = request.mm_features[index];
   const auto transfer_id = resolve_transfer_id(params, index, feature.identifier);
   if (const TransferRecord* used = table_.begin_load(feature.identifier, transfer_id, request.request_id, now,
@@ -326,7 +324,7 @@ void ConsumerGate::load_at_alloc(const RequestView& request, std::size_t index) 
 
 void ConsumerGate::after_free(const RequestView& request, std::size_t index) {
   if (!options_.is_consumer || index >= request.mm_features.size() || request.has_malformed_params()) return;
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   const MmFeature& feature = request.mm_features[index];
   auto transfer_id = resolve_transfer_id(params, index, feature.identifier);
   if (!transfer_id) {
@@ -424,7 +422,7 @@ void ConsumerGate::take_output(const WorkerOutput& output) {
 void ConsumerGate::finish(const RequestView& request) {
   if (!options_.is_consumer) return;
   const TimePoint now = clock_->now();
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   std::vector<std::string_view> handled;
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
     const MmFeature& feature = request.mm_features[i];

@@ -90,7 +90,7 @@ std::optional<std::string> PushPlanner::finish(const RequestView& request) {
     std::optional<std::string_view> transfer_id;
   };
   std::map<std::string_view, Entry> entries;
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
     const MmFeature& feature = request.mm_features[i];
     Entry& entry = entries[feature.identifier];
@@ -145,7 +145,7 @@ std::optional<std::string> PushPlanner::finish(const RequestView& request) {
 }
 
 void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   const MmFeature& feature = request.mm_features[index];
   const bool has_consumer = params && !params->consumer_zmq.empty();
   if (!has_consumer) return;

@@ -34,7 +34,7 @@ void RequestFailures::warn_unresolved(const RequestView& request, std::size_t in
   // A caller that cannot resolve a transfer id falls back to a name the other
   // side does not know, so the two stop agreeing: reservations are never
   // released and surface minutes later as a full pool. Say it loudly.
-  const auto* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const auto* params = request.params();
   std::vector<std::string> hashes;
   if (params) {
     for (std::size_t i = 0; i < params->items.size() && i < 4; ++i) {

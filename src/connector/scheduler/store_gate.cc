@@ -6,7 +6,7 @@
 namespace ecx::scheduler {
 
 bool StoreGate::candidate(const RequestView& request, std::size_t index, bool& marked) const {
-  const EcTransferParams* params = request.ec_transfer_params ? &*request.ec_transfer_params : nullptr;
+  const EcTransferParams* params = request.params();
   const MmFeature& feature = request.mm_features[index];
   marked = options_.is_consumer && is_store_item(params, index, feature.identifier);
   if (feature.modality != "image") return false;

@@ -354,31 +354,29 @@ bool is_store_item(const EcTransferParams* params, std::size_t index, std::strin
   });
 }
 
-void set_ec_transfer_params(RequestView& request, const nlohmann::json& value) {
+namespace {
+
+// Stores a document's params, or why it has none usable, in `request` (nullopt: the
+// text was not JSON; a JSON null: no params).
+void store_params(RequestView& request, std::optional<ParamsDoc> doc) {
   request.ec_transfer_params.reset();
   request.ec_transfer_params_error.clear();
-  if (value.is_null()) return;
-  auto parsed = parse_ec_transfer_params(value);
+  if (!doc) {
+    request.ec_transfer_params_error = std::string(kNotJson);
+    return;
+  }
+  if (doc->kind == Kind::null) return;
+  auto parsed = check(*doc);
   if (parsed)
     request.ec_transfer_params = std::move(*parsed);
   else
     request.ec_transfer_params_error = parsed.status().message();
 }
 
-void RequestView::set_ec_transfer_params_text(std::string_view json_text) {
-  ec_transfer_params.reset();
-  ec_transfer_params_error.clear();
-  auto doc = read_doc(json_text);
-  if (!doc) {
-    ec_transfer_params_error = std::string(kNotJson);
-    return;
-  }
-  if (doc->kind == Kind::null) return;  // JSON null: no params
-  auto parsed = check(*doc);
-  if (parsed)
-    ec_transfer_params = std::move(*parsed);
-  else
-    ec_transfer_params_error = parsed.status().message();
-}
+}  // namespace
+
+void set_ec_transfer_params(RequestView& request, const nlohmann::json& value) { store_params(request, doc_of(value)); }
+
+void RequestView::set_ec_transfer_params_text(std::string_view json_text) { store_params(*this, read_doc(json_text)); }
 
 }  // namespace ecx::scheduler

@@ -179,9 +179,8 @@ bool TransferTable::unchanged(const HashStamp& stamp) const noexcept {
   return entry.in_use && entry.changed == stamp.changed;
 }
 
-TransferTable::RecordStamp TransferTable::record_stamp(std::string_view transfer_id) const {
-  const TransferRecord* r = find(transfer_id);
-  return r == nullptr ? RecordStamp{} : RecordStamp{r->pool_id_, r->changed_};
+TransferTable::RecordStamp TransferTable::record_stamp(const TransferRecord* record) const noexcept {
+  return record == nullptr ? RecordStamp{} : RecordStamp{record->pool_id_, record->changed_};
 }
 
 bool TransferTable::unchanged(const RecordStamp& stamp, std::string_view transfer_id) const {

@@ -192,7 +192,7 @@ class TransferTable {
     std::uint32_t record = detail::kNoId;  // kNoId: no record
     std::uint64_t changed = 0;
   };
-  RecordStamp record_stamp(std::string_view transfer_id) const;
+  RecordStamp record_stamp(const TransferRecord* record) const noexcept;  // nullptr: no record
   // No record was created, changed state or dropped since: for kNoId, `transfer_id`
   // still names no record (a lookup); otherwise a comparison.
   bool unchanged(const RecordStamp& stamp, std::string_view transfer_id) const;

@@ -46,6 +46,8 @@ struct RequestView {
   // (From a parsed JSON value: scheduler/transfer_params_json.h.)
   void set_ec_transfer_params_text(std::string_view json_text);
   bool has_malformed_params() const noexcept { return !ec_transfer_params_error.empty(); }
+  // The parsed params, or nullptr (absent or malformed).
+  const EcTransferParams* params() const noexcept { return ec_transfer_params ? &*ec_transfer_params : nullptr; }
 };
 
 // Scheduler → producer worker: push one encoder output to a consumer.
