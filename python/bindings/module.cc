@@ -20,7 +20,7 @@ TensorSpec make_spec(const std::vector<std::int64_t>& shape, const std::string& 
   return value_or_raise(TensorSpec::make(shape, *parsed, max_nbytes));
 }
 
-std::vector<std::int64_t> shape_of(const TensorSpec& spec) { return spec.shape(); }
+std::vector<std::int64_t> shape_of(const TensorSpec& spec) { return spec.shape_vector(); }
 std::string dtype_of(const TensorSpec& spec) { return std::string(dtype_name(spec.dtype())); }
 
 }  // namespace ecx::python

@@ -161,7 +161,7 @@ class PyWorker {
     auto destination = [&allocate](const scheduler::LoadSpec& load) -> Result<worker::LoadDestination> {
       py::gil_scoped_acquire gil;
       try {
-        py::tuple r = allocate(load.mm_hash, load.spec.shape(), dtype_of(load.spec));
+        py::tuple r = allocate(load.mm_hash, load.spec.shape_vector(), dtype_of(load.spec));
         if (r.size() != 3) return invalid_argument("allocate must return (data_ptr, is_cuda, device)");
         const auto ptr = r[0].cast<std::uintptr_t>();
         if (ptr == 0) return invalid_argument("allocate returned a null data pointer");

@@ -86,7 +86,12 @@ Record& ReservationCore::new_record(const ReserveRequest& req, bool writer, Slot
 }
 
 void ReservationCore::arm_deadline(Record& r, TimePoint when) {
-  disarm_deadline(r);
+  if (r.deadline) {  // re-armed in place: the index entry (and its copy of the id) is reused
+    auto node = deadlines_.extract(*r.deadline);
+    node.key() = when;
+    r.deadline = deadlines_.insert(std::move(node));
+    return;
+  }
   r.deadline = deadlines_.emplace(when, r.transfer_id);
 }
 
@@ -100,10 +105,17 @@ void ReservationCore::disarm_deadline(Record& r) {
 // A terminal record becomes a tombstone: it lets go of its slot and is kept for the
 // TTL (bounded in count) so late and repeated requests stay idempotent.
 void ReservationCore::entomb(Record& r) {
-  disarm_deadline(r);
   release_slot(r);
   drop_tombstone(r);
-  r.tombstone = tombstones_.emplace(now() + options_.ttl, r.transfer_id);
+  const TimePoint until = now() + options_.ttl;
+  if (r.deadline) {  // the deadline's index entry moves over as it is
+    auto node = deadlines_.extract(*r.deadline);
+    r.deadline.reset();
+    node.key() = until;
+    r.tombstone = tombstones_.insert(std::move(node));
+  } else {
+    r.tombstone = tombstones_.emplace(until, r.transfer_id);
+  }
   enforce_tombstone_cap();
 }
 

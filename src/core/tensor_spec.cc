@@ -1,5 +1,6 @@
 #include "ecx/core/tensor_spec.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
@@ -9,7 +10,12 @@
 
 namespace ecx {
 
-Result<TensorSpec> TensorSpec::make(std::vector<std::int64_t> shape, DType dtype, std::uint64_t max_nbytes) {
+TensorSpec::TensorSpec(std::span<const std::int64_t> shape, DType dtype, std::uint64_t nbytes)
+    : rank_(shape.size()), dtype_(dtype), nbytes_(nbytes) {
+  std::copy(shape.begin(), shape.end(), dims_.begin());
+}
+
+Result<TensorSpec> TensorSpec::make(std::span<const std::int64_t> shape, DType dtype, std::uint64_t max_nbytes) {
   if (shape.empty() || shape.size() > kMaxTensorRank) {
     return invalid_argument(fmt::format("shape must have rank 1..{}, got rank {}", kMaxTensorRank, shape.size()));
   }
@@ -30,11 +36,11 @@ Result<TensorSpec> TensorSpec::make(std::vector<std::int64_t> shape, DType dtype
   if (nbytes > max_nbytes) {
     return invalid_argument(fmt::format("tensor of {} bytes exceeds the maximum of {} bytes", nbytes, max_nbytes));
   }
-  return TensorSpec(std::move(shape), dtype, nbytes);
+  return TensorSpec(shape, dtype, nbytes);
 }
 
 std::string TensorSpec::to_string() const {
-  return fmt::format("{} {} ({})", shape_, dtype_name(dtype_), format_bytes(nbytes_));
+  return fmt::format("{} {} ({})", shape(), dtype_name(dtype_), format_bytes(nbytes_));
 }
 
 }  // namespace ecx

@@ -152,7 +152,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     engine_counters.*field += by;
   }
 
-  bool enqueue(InboxItem item) {
+  bool enqueue(InboxItem item) { return enqueue_or_keep(item); }
+  // Moves `item` into the inbox, or leaves it as it was when the inbox is full.
+  bool enqueue_or_keep(InboxItem& item) {
     {
       std::lock_guard lock(inbox_mutex);
       if (inbox.size() >= kInboxMax) {
@@ -293,8 +295,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   std::set<std::string> refreshing;
   std::map<std::string, control::Topology> topologies;
 
-  void start_push(const PushSpec& spec, int shards, Actions& actions) {
-    auto started = pushes.start(spec, shards);
+  // Moves `spec` into the push it starts; a push that cannot start leaves it whole.
+  void start_push(PushSpec& spec, int shards, Actions& actions) {
+    auto started = pushes.start(std::move(spec), shards);
     if (!started) {
       add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, started.status().message()});
       return;
@@ -733,7 +736,7 @@ PushEngine::PushEngine(std::shared_ptr<State> state) : state_(std::move(state)) 
 
 PushEngine::~PushEngine() { shutdown(seconds_to_duration(state_->config.shutdown_drain_timeout_s)); }
 
-void PushEngine::submit(const PushSpec& spec) {
+void PushEngine::submit(PushSpec spec) {
   {
     std::lock_guard lock(state_->inbox_mutex);
     if (!state_->accepting) {
@@ -742,8 +745,10 @@ void PushEngine::submit(const PushSpec& spec) {
     }
   }
   state_->count(&EngineCounters::submitted);
-  if (!state_->enqueue(SubmitCommand{spec})) {
-    state_->add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, "the producer's queue is full"});
+  InboxItem command = SubmitCommand{std::move(spec)};
+  if (!state_->enqueue_or_keep(command)) {
+    const PushSpec& refused = std::get<SubmitCommand>(command).spec;
+    state_->add_failure({refused.transfer_id, refused.mm_hash, {refused.request_id}, "the producer's queue is full"});
   }
 }
 

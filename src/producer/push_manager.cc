@@ -69,7 +69,7 @@ class PushCore {
   PushCore(PushOptions options, std::shared_ptr<const Clock> clock)
       : options_(options), clock_(std::move(clock)), log_(log::get("producer")) {}
 
-  Result<Actions> start(const PushSpec& spec, int shard_count);
+  Result<Actions> start(PushSpec&& spec, int shard_count);
   Actions on_reserve_reply(std::string_view tid, int shard, const ReserveReply& reply);
   Actions bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes);
   Actions on_payload_result(std::string_view tid, int shard, const Status& result);
@@ -453,7 +453,7 @@ void PushCore::settle_cancel(Push& p, Actions& out) {
   finish(p, P::cancelled, out);
 }
 
-Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
+Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
   ECX_RETURN_IF_ERROR(validate_transfer_id(spec.transfer_id));
   ECX_RETURN_IF_ERROR(validate_mm_hash(spec.mm_hash));
   if (shard_count < 1 || shard_count > options_.max_shards) {
@@ -475,16 +475,17 @@ Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
     }
     return out;
   }
-  Push p(spec);
-  if (!spec.request_id.empty()) p.requests.insert(spec.request_id);
-  p.shards.resize(static_cast<std::size_t>(shard_count));
-  auto [it, inserted] = pushes_.emplace(spec.transfer_id, std::move(p));
+  std::string transfer_id = spec.transfer_id;  // the map's key; the push keeps the spec
+  auto [it, inserted] = pushes_.emplace(std::move(transfer_id), Push(std::move(spec)));
   (void)inserted;
   Push& push = it->second;
+  const PushSpec& kept = push.spec;
+  if (!kept.request_id.empty()) push.requests.insert(kept.request_id);
+  push.shards.resize(static_cast<std::size_t>(shard_count));
   push.deadline_at = now() + options_.push_deadline;
-  push.deadline = deadlines_.emplace(push.deadline_at, spec.transfer_id);
-  sourceless_by_hash_[spec.mm_hash].insert(spec.transfer_id);
-  if (!spec.request_id.empty()) by_request_[spec.request_id].insert(spec.transfer_id);
+  push.deadline = deadlines_.emplace(push.deadline_at, kept.transfer_id);
+  sourceless_by_hash_[kept.mm_hash].insert(kept.transfer_id);
+  if (!kept.request_id.empty()) by_request_[kept.request_id].insert(kept.transfer_id);
   ++counters_.started;
   // A push to several shards must hold every shard's slot or none: one landed
   // unreserved on one shard while its sibling has no room would pin that room, and
@@ -492,7 +493,7 @@ Result<Actions> PushCore::start(const PushSpec& spec, int shard_count) {
   // back instead). Only items far smaller than any pool go direct to several shards.
   const std::uint64_t direct_max =
       shard_count > 1 ? std::min(options_.direct_max_bytes, kDirectMaxBytesAcrossShards) : options_.direct_max_bytes;
-  const bool direct = direct_max > 0 && spec.spec.nbytes() <= direct_max;
+  const bool direct = direct_max > 0 && kept.spec.nbytes() <= direct_max;
   for (int i = 0; i < shard_count; ++i) {
     if (!direct) {
       send_reserve(push, i, out);
@@ -829,7 +830,7 @@ PushManager::PushManager(PushOptions options, std::shared_ptr<const Clock> clock
     : core_(std::make_unique<detail::PushCore>(options, std::move(clock))) {}
 PushManager::~PushManager() = default;
 
-Result<Actions> PushManager::start(const PushSpec& spec, int shard_count) { return core_->start(spec, shard_count); }
+Result<Actions> PushManager::start(PushSpec&& spec, int shard_count) { return core_->start(std::move(spec), shard_count); }
 Actions PushManager::on_reserve_reply(std::string_view transfer_id, int shard, const ReserveReply& reply) {
   return core_->on_reserve_reply(transfer_id, shard, reply);
 }

@@ -172,21 +172,21 @@ Result<TensorSpec> read_spec(const Fields<N>& fields, std::size_t nbytes_f, std:
   WIRE_ASSIGN(nbytes, fields.u64(nbytes_f));
   const msgpack::object_array* dims = nullptr;
   WIRE_ASSIGN(dims, fields.array(shape_f, kMaxTensorRank));
-  std::vector<std::int64_t> shape;
-  shape.reserve(dims->size);
+  std::array<std::int64_t, kMaxTensorRank> shape{};  // the array's length was bounded above
   for (std::uint32_t i = 0; i < dims->size; ++i) {
     const Obj& d = dims->ptr[i];
     if (d.type != msgpack::type::POSITIVE_INTEGER ||
         d.via.u64 > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
       return fields.fail(fmt::format("{}.shape[{}] must be a positive integer", fields.path(), i));
     }
-    shape.push_back(static_cast<std::int64_t>(d.via.u64));
+    shape.at(i) = static_cast<std::int64_t>(d.via.u64);
   }
   std::string_view dtype_text;
   WIRE_ASSIGN(dtype_text, fields.str(dtype_f, 64));
   auto dtype = parse_dtype(dtype_text);
   if (!dtype) return fields.fail(fmt::format("{}.dtype: {}", fields.path(), dtype.status().message()));
-  auto spec = TensorSpec::make(std::move(shape), *dtype, std::numeric_limits<std::uint64_t>::max());
+  auto spec = TensorSpec::make(std::span<const std::int64_t>(shape.data(), dims->size), *dtype,
+                               std::numeric_limits<std::uint64_t>::max());
   if (!spec) return fields.fail(fmt::format("{}: {}", fields.path(), spec.status().message()));
   if (spec->nbytes() != nbytes) {
     return fields.fail(

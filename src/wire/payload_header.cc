@@ -1,6 +1,7 @@
 #include "ecx/wire/payload_header.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -52,13 +53,17 @@ Result<DirectItem> get_direct(std::span<const std::byte> bytes, std::uint64_t nb
                                       bytes.size() - 2 - hash_len - 2));
   }
   at += 2;
-  std::vector<std::int64_t> shape;
+  std::array<std::int64_t, kMaxTensorRank> shape{};
+  if (rank > shape.size()) {
+    return protocol_error(
+        fmt::format("payload header: direct item: shape must have rank 1..{}, got rank {}", kMaxTensorRank, rank));
+  }
   for (std::size_t i = 0; i < rank; ++i, at += 8) {
     const std::uint64_t dim = get_le<std::uint64_t>(at);
     if (dim > static_cast<std::uint64_t>(INT64_MAX)) return protocol_error("payload header: a dimension overflows");
-    shape.push_back(static_cast<std::int64_t>(dim));
+    shape.at(i) = static_cast<std::int64_t>(dim);
   }
-  auto spec = TensorSpec::make(std::move(shape), dtypes[dtype_index], nbytes);
+  auto spec = TensorSpec::make(std::span<const std::int64_t>(shape.data(), rank), dtypes[dtype_index], nbytes);
   if (!spec) return protocol_error("payload header: direct item: " + spec.status().message());
   if (spec->nbytes() != nbytes) {
     return protocol_error(

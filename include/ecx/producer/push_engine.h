@@ -52,8 +52,8 @@ class PushEngine {
   PushEngine& operator=(const PushEngine&) = delete;
 
   // Plans a push; the same transfer id twice (another request sharing the encoding)
-  // is one push. Never blocks.
-  void submit(const PushSpec& spec);
+  // is one push. Never blocks. By value: the spec travels on to the dispatcher.
+  void submit(PushSpec spec);
   // The encoder output of mm_hash: copied once into the staging pool (with its
   // xxHash64 when checksums are on), then sent to every shard of every push waiting
   // for that content. An error (staging pool full, CUDA copy failed) fails the pushes

@@ -207,8 +207,10 @@ class PushManager {
   // A new push to `shard_count` consumer shards: reserves go to every shard at once.
   // The same transfer with the same destination (another request sharing the
   // encoding) adds its request and returns no actions; a different destination is a
-  // conflict that fails only the newcomer.
-  Result<Actions> start(const PushSpec& spec, int shard_count);
+  // conflict that fails only the newcomer. The rvalue form moves `spec` into a push
+  // it starts and leaves it whole otherwise (an error, or a push already there).
+  Result<Actions> start(PushSpec&& spec, int shard_count);
+  Result<Actions> start(const PushSpec& spec, int shard_count) { return start(PushSpec(spec), shard_count); }
   Actions on_reserve_reply(std::string_view transfer_id, int shard, const ReserveReply& reply);
   // The encoder output for mm_hash exists; every waiting push of that content takes
   // it (a size mismatch fails the push). Unused sources come straight back.

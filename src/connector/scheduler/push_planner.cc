@@ -1,6 +1,7 @@
 #include "connector/scheduler/push_planner.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <string>
 #include <utility>
@@ -46,7 +47,11 @@ void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
     }
     store_candidates_.clear();
   }
-  meta.pushes = std::exchange(pushes_, {});
+  meta.pushes = std::move(pushes_);
+  // Room for as many as this step's: growing from empty each step reallocated a few
+  // times, and the larger reallocations made glibc consolidate its fast bins.
+  pushes_ = {};
+  pushes_.reserve(meta.pushes.size());
 }
 
 namespace {
@@ -99,6 +104,9 @@ std::optional<std::string> PushPlanner::finish(const RequestView& request) {
   }
   std::string items;  // the "ec_items" list's elements
   if (auto it = bindings_by_request_.find(request.request_id); it != bindings_by_request_.end()) {
+    std::size_t room = 0;  // once, rather than growing by appends
+    for (const auto& transfer_id : it->second) room += 2 * transfer_id.size() + 48;
+    items.reserve(room);
     for (const auto& transfer_id : it->second) {
       auto binding = push_bindings_.find(transfer_id);
       if (binding == push_bindings_.end()) continue;
@@ -113,7 +121,13 @@ std::optional<std::string> PushPlanner::finish(const RequestView& request) {
     bindings_by_request_.erase(it);
   }
   constexpr std::string_view kItemsKey = "ec_items";
-  std::string out = "{";
+  std::string out;
+  std::size_t room = items.size() + 16;
+  for (const auto& [identifier, entry] : entries) {
+    room += identifier.size() + 48 + 4 * entry.indices.size() + (entry.transfer_id ? entry.transfer_id->size() : 0);
+  }
+  out.reserve(room);
+  out += '{';
   bool items_written = items.empty();
   auto write_items = [&] {
     if (out.size() > 1) out += ',';
@@ -198,8 +212,8 @@ Result<TensorSpec> expected_output_spec(const CoordinatorOptions& options, const
   if (options.encoder_output_width <= 0) {
     return invalid_argument("the encoder output width is unknown (set encoder_output_width)");
   }
-  return TensorSpec::make({feature.num_encoder_embeds, options.encoder_output_width}, options.encoder_dtype,
-                          options.max_tensor_bytes);
+  const std::array<std::int64_t, 2> shape{feature.num_encoder_embeds, options.encoder_output_width};
+  return TensorSpec::make(std::span<const std::int64_t>(shape), options.encoder_dtype, options.max_tensor_bytes);
 }
 
 }  // namespace ecx::scheduler

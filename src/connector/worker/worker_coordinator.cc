@@ -292,7 +292,7 @@ void WorkerCoordinator::start_save_caches(const scheduler::ConnectorMeta& meta) 
     for (const auto& c : meta.store_candidates) store_->want(c);
   }
   for (const auto& p : meta.pushes) {
-    pushes_->submit(producer::PushSpec{p.transfer_id, p.mm_hash, p.consumer_zmq, p.spec, p.request_id});
+    pushes_->submit(producer::PushSpec{p.transfer_id, p.mm_hash, p.consumer_zmq, p.spec, p.request_id});  // one copy
   }
 }
 

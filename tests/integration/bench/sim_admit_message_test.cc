@@ -39,10 +39,10 @@ TEST(SimAdmitMessage, ARequestArrivesWhole) {
   ASSERT_EQ(got->items.size(), 2u);
   EXPECT_EQ(got->items[0].mm_hash, "h-a");
   EXPECT_EQ(got->items[0].transfer_id, "t-1");
-  EXPECT_EQ(got->items[0].spec.shape(), (std::vector<std::int64_t>{16, 64}));
+  EXPECT_EQ(got->items[0].spec.shape_vector(), (std::vector<std::int64_t>{16, 64}));
   EXPECT_EQ(got->items[0].spec.dtype(), DType::float16);
   EXPECT_EQ(got->items[1].transfer_id, "");  // an item the proxy found in the store
-  EXPECT_EQ(got->items[1].spec.shape(), (std::vector<std::int64_t>{3, 5, 7}));
+  EXPECT_EQ(got->items[1].spec.shape_vector(), (std::vector<std::int64_t>{3, 5, 7}));
   EXPECT_EQ(got->items[1].spec.dtype(), DType::bfloat16);
   EXPECT_EQ(got->ec_transfer_params, sent.ec_transfer_params);
 

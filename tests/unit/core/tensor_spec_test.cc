@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <limits>
+#include <span>
+#include <vector>
 
 namespace ecx {
 namespace {
@@ -18,7 +21,7 @@ TEST(TensorSpec, ComputesBytes) {
 }
 
 TEST(TensorSpec, RankMustBeOneToEight) {
-  EXPECT_FALSE(TensorSpec::make({}, DType::uint8, kMax));
+  EXPECT_FALSE(TensorSpec::make(std::span<const std::int64_t>{}, DType::uint8, kMax));
   EXPECT_TRUE(TensorSpec::make(std::vector<std::int64_t>(8, 2), DType::uint8, kMax));
   auto nine = TensorSpec::make(std::vector<std::int64_t>(9, 2), DType::uint8, kMax);
   ASSERT_FALSE(nine);
@@ -44,6 +47,25 @@ TEST(TensorSpec, BoundedByMaximum) {
   auto over = TensorSpec::make({1025}, DType::uint8, 1024);
   ASSERT_FALSE(over);
   EXPECT_NE(over.status().message().find("exceeds"), std::string::npos);
+}
+
+TEST(TensorSpec, KeepsItsShapeAndComparesByIt) {
+  const std::array<std::int64_t, 3> dims{3, 5, 7};
+  auto from_span = TensorSpec::make(std::span<const std::int64_t>(dims), DType::float16, kMax);
+  auto from_vector = TensorSpec::make(std::vector<std::int64_t>{3, 5, 7}, DType::float16, kMax);
+  ASSERT_TRUE(from_span && from_vector);
+  EXPECT_EQ(from_span->shape_vector(), (std::vector<std::int64_t>{3, 5, 7}));
+  EXPECT_EQ(from_span->shape().size(), 3U);
+  EXPECT_EQ(*from_span, *from_vector);
+  // A trailing dim of 1 is a different shape, though it holds as many bytes.
+  auto longer = TensorSpec::make({3, 5, 7, 1}, DType::float16, kMax);
+  ASSERT_TRUE(longer);
+  EXPECT_EQ(longer->nbytes(), from_span->nbytes());
+  EXPECT_NE(*longer, *from_span);
+  EXPECT_NE(*from_span, *TensorSpec::make({3, 5, 7}, DType::bfloat16, kMax));
+  const TensorSpec copy = *from_span;  // NOLINT(performance-unnecessary-copy-initialization): the copy is the point
+  EXPECT_EQ(copy.shape_vector(), from_span->shape_vector());
+  EXPECT_EQ(copy.to_string(), from_span->to_string());
 }
 
 }  // namespace
