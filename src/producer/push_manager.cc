@@ -830,7 +830,9 @@ PushManager::PushManager(PushOptions options, std::shared_ptr<const Clock> clock
     : core_(std::make_unique<detail::PushCore>(options, std::move(clock))) {}
 PushManager::~PushManager() = default;
 
-Result<Actions> PushManager::start(PushSpec&& spec, int shard_count) { return core_->start(std::move(spec), shard_count); }
+Result<Actions> PushManager::start(PushSpec&& spec, int shard_count) {
+  return core_->start(std::move(spec), shard_count);
+}
 Actions PushManager::on_reserve_reply(std::string_view transfer_id, int shard, const ReserveReply& reply) {
   return core_->on_reserve_reply(transfer_id, shard, reply);
 }
