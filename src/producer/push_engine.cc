@@ -299,7 +299,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   void start_push(PushSpec& spec, int shards, Actions& actions) {
     auto started = pushes.start(std::move(spec), shards);
     if (!started) {
-      add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, started.status().message()});
+      // PushManager::start moves from the spec only when it starts the push.
+      const PushSpec& refused = spec;  // NOLINT(bugprone-use-after-move)
+      add_failure({refused.transfer_id, refused.mm_hash, {refused.request_id}, started.status().message()});
       return;
     }
     actions.append(std::move(*started));

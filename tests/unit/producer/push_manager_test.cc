@@ -170,6 +170,22 @@ TEST(Push, ConsumerCancelledOnEveryShardEndsCancelled) {
   EXPECT_TRUE(f.m.drain_failures().empty());
 }
 
+// The dispatcher hands its spec over by move and names a refused one in its failure.
+TEST(Push, StartTakesTheSpecOnlyWhenItStartsAPush) {
+  Fixture f;
+  PushSpec first = push("t", "img", "r1");
+  ASSERT_TRUE(f.m.start(std::move(first), 1).is_ok());
+  PushSpec refused = push("t", "other", "r3");
+  EXPECT_EQ(f.m.start(std::move(refused), 1).status().code(), StatusCode::conflict);
+  EXPECT_EQ(refused.transfer_id, "t");  // NOLINT(bugprone-use-after-move): the contract under test
+  EXPECT_EQ(refused.mm_hash, "other");
+  EXPECT_EQ(refused.request_id, "r3");
+  PushSpec invalid = push("", "img", "r4");
+  EXPECT_FALSE(f.m.start(std::move(invalid), 1).is_ok());
+  EXPECT_EQ(invalid.request_id, "r4");  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(invalid.spec, spec_of(1000));
+}
+
 // Lessons 9 and 10.
 TEST(Push, SameEncodingSharesThePushAndAConflictFailsOnlyTheNewcomer) {
   Fixture f;
