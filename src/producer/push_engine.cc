@@ -657,12 +657,13 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
           std::nullopt};
       if (p.direct) header.direct = wire::DirectItem{p.mm_hash, *p.spec};
       std::weak_ptr<State> weak = weak_from_this();
+      // Called once: its ids move on into the result.
       auto on_sent = [weak, base = p.consumer_address, tid = p.transfer_id, shard = p.shard,
-                      sent = clock->now()](const Status& result) {
+                      sent = clock->now()](const Status& result) mutable {
         auto s = weak.lock();
         if (!s) return;
         if (result) stages::record(stages::Stage::wire, s->clock->now() - sent);
-        s->enqueue(PayloadResult{base, tid, shard, result});
+        s->enqueue(PayloadResult{std::move(base), std::move(tid), shard, result});
       };
       const auto bytes = wire::encode_payload_header(header);
       const TimePoint deadline = clock->now() + config.push_wait_timeout();

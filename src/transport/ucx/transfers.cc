@@ -37,18 +37,19 @@ void Transfers::start_send(std::unique_ptr<SendOp> op) {
     return;
   }
   region->in_flight += 1;
-  endpoint->sends.insert(op->id);
-  deadlines_.emplace(op->deadline, op->id);
+  endpoint_entry_nodes_.insert(endpoint->sends, op->id);
+  deadline_nodes_.insert(deadlines_, std::pair{op->deadline, op->id});
   stats_.sends_started.fetch_add(1);
   SendOp& ref = *op;
-  sends_.emplace(op->id, std::move(op));
+  const std::uint64_t id = op->id;
+  send_nodes_.insert(sends_, id, std::move(op));
   protocol_->post(ref, *endpoint, *region);
 }
 
 void Transfers::move_deadline(SendOp& op, TimePoint deadline) {
-  deadlines_.erase({op.deadline, op.id});
+  deadline_nodes_.erase_key(deadlines_, std::pair{op.deadline, op.id});
   op.deadline = deadline;
-  deadlines_.emplace(deadline, op.id);
+  deadline_nodes_.insert(deadlines_, std::pair{deadline, op.id});
 }
 
 void Transfers::finish_unstarted(SendOp& op, const Status& status) {
@@ -60,10 +61,10 @@ void Transfers::finish_send(std::uint64_t op_id, const Status& status) {
   auto found = sends_.find(op_id);
   if (found == sends_.end()) return;
   std::unique_ptr<SendOp> op = std::move(found->second);
-  sends_.erase(found);
-  deadlines_.erase({op->deadline, op->id});
+  send_nodes_.erase(sends_, found);
+  deadline_nodes_.erase_key(deadlines_, std::pair{op->deadline, op->id});
   if (Region* region = regions_.find(op->region)) region->in_flight -= 1;
-  if (Endpoint* endpoint = endpoints_.find(op->endpoint)) endpoint->sends.erase(op->id);
+  if (Endpoint* endpoint = endpoints_.find(op->endpoint)) endpoint_entry_nodes_.erase_key(endpoint->sends, op->id);
   if (op->rkey != nullptr) ucp_rkey_destroy(op->rkey);
   if (op->abandoned) {  // its owner already heard
     --abandoned_sends_;
@@ -148,23 +149,25 @@ std::unique_ptr<PendingLanding> Transfers::new_landing(std::span<const std::byte
 void Transfers::track_landing(std::unique_ptr<PendingLanding> pending, std::uint64_t endpoint_id, bool watched) {
   if (endpoint_id != 0) {
     pending->endpoint = endpoint_id;
-    endpoints_.find(endpoint_id)->landings.insert(pending->id);
+    endpoint_entry_nodes_.insert(endpoints_.find(endpoint_id)->landings, pending->id);
   }
   if (watched && options_.landing_timeout > Duration::zero()) {
     pending->deadline = options_.clock->now() + options_.landing_timeout;
-    landing_deadlines_.emplace(*pending->deadline, pending->id);
+    deadline_nodes_.insert(landing_deadlines_, std::pair{*pending->deadline, pending->id});
   }
-  landings_.emplace(pending->id, std::move(pending));
+  const std::uint64_t id = pending->id;
+  landing_nodes_.insert(landings_, id, std::move(pending));
 }
 
 void Transfers::finish_landing(std::uint64_t id, const Status& status) {
   auto found = landings_.find(id);
   if (found == landings_.end()) return;
   std::unique_ptr<PendingLanding> pending = std::move(found->second);
-  landings_.erase(found);
-  if (pending->deadline) landing_deadlines_.erase({*pending->deadline, id});
+  landing_nodes_.erase(landings_, found);
+  if (pending->deadline) deadline_nodes_.erase_key(landing_deadlines_, std::pair{*pending->deadline, id});
   if (pending->endpoint != 0) {
-    if (Endpoint* endpoint = endpoints_.find(pending->endpoint)) endpoint->landings.erase(id);
+    if (Endpoint* endpoint = endpoints_.find(pending->endpoint))
+      endpoint_entry_nodes_.erase_key(endpoint->landings, id);
   }
   report_landing(*pending, status);
 }

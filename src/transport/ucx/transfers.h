@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/node_stash.h"
 #include "ecx/core/clock.h"
 #include "ecx/core/status.h"
 #include "ecx/transport/transport.h"
@@ -146,10 +147,17 @@ class Transfers final : public EndpointObserver {
   Regions& regions_;
   Endpoints& endpoints_;
   SendProtocol* protocol_ = nullptr;
+  using DeadlineIndex = std::set<std::pair<TimePoint, std::uint64_t>>;
   std::unordered_map<std::uint64_t, std::unique_ptr<SendOp>> sends_;
-  std::set<std::pair<TimePoint, std::uint64_t>> deadlines_;
+  DeadlineIndex deadlines_;
   std::unordered_map<std::uint64_t, std::unique_ptr<PendingLanding>> landings_;
-  std::set<std::pair<TimePoint, std::uint64_t>> landing_deadlines_;
+  DeadlineIndex landing_deadlines_;
+  // These indexes gain and lose an entry per send and per landing, on the progress
+  // thread: their nodes are reused rather than allocated each time.
+  NodeStash<decltype(sends_)> send_nodes_;
+  NodeStash<decltype(landings_)> landing_nodes_;
+  NodeStash<DeadlineIndex> deadline_nodes_;                  // both deadline indexes
+  NodeStash<std::set<std::uint64_t>> endpoint_entry_nodes_;  // the endpoints' send and landing sets
   // Reported failed (their peer was cut off) while UCX still holds their receive.
   std::unordered_map<std::uint64_t, std::unique_ptr<PendingLanding>> abandoned_landings_;
   std::uint64_t abandoned_sends_ = 0;

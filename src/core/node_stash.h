@@ -1,0 +1,89 @@
+#pragma once
+// Keeps the nodes erased from node-based standard containers (set, map, their multi and
+// unordered forms) so that a later insert reuses one instead of allocating. On the
+// per-transfer paths each index entry was a malloc on insert and a free on erase, on
+// the busiest threads. Bounded; one owner, like the containers it serves (not
+// thread-safe). A kept map node's mapped value is reset at once, so nothing it owned
+// outlives its erase; a kept key (a string) keeps its buffer for the next key.
+
+#include <concepts>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace ecx {
+
+template <class Container, std::size_t kMaxKept = 64>
+class NodeStash {
+ public:
+  using Node = typename Container::node_type;
+
+  NodeStash() { kept_.reserve(kMaxKept); }
+
+  // Erases the element at `at` from `from`.
+  void erase(Container& from, typename Container::const_iterator at) { keep(from.extract(at)); }
+  // Erases one element equal to `key` from `from`, if any; true if one was there.
+  template <class Key>
+  bool erase_key(Container& from, const Key& key) {
+    Node node = from.extract(key);
+    if (!node) return false;
+    keep(std::move(node));
+    return true;
+  }
+
+  // set / multiset / unordered_set: inserts `value`.
+  template <class Value>
+  typename Container::iterator insert(Container& into, Value&& value) {
+    if (kept_.empty()) return position(into.insert(std::forward<Value>(value)));
+    Node node = take();
+    node.value() = std::forward<Value>(value);
+    return insert_node(into, std::move(node));
+  }
+
+  // map / multimap / unordered_map: inserts `key` -> `mapped`.
+  template <class Key, class Mapped>
+  typename Container::iterator insert(Container& into, Key&& key, Mapped&& mapped) {
+    if (kept_.empty()) return position(into.emplace(std::forward<Key>(key), std::forward<Mapped>(mapped)));
+    Node node = take();
+    node.key() = std::forward<Key>(key);
+    node.mapped() = std::forward<Mapped>(mapped);
+    return insert_node(into, std::move(node));
+  }
+
+  std::size_t kept() const noexcept { return kept_.size(); }
+
+ private:
+  static constexpr bool kUnique = requires { typename Container::insert_return_type; };
+
+  static typename Container::iterator position(typename Container::iterator at) { return at; }
+  static typename Container::iterator position(std::pair<typename Container::iterator, bool> at) { return at.first; }
+
+  Node take() {
+    Node node = std::move(kept_.back());
+    kept_.pop_back();
+    return node;
+  }
+
+  void keep(Node node) {
+    if constexpr (requires { typename Container::mapped_type; }) {
+      static_assert(std::default_initializable<typename Container::mapped_type>,
+                    "a kept node's mapped value is reset, so it lets go of what it owned");
+      node.mapped() = typename Container::mapped_type{};
+    }
+    if (kept_.size() < kMaxKept) kept_.push_back(std::move(node));
+  }
+
+  typename Container::iterator insert_node(Container& into, Node node) {
+    if constexpr (kUnique) {
+      auto inserted = into.insert(std::move(node));
+      if (!inserted.inserted) keep(std::move(inserted.node));  // already there: the node goes back
+      return inserted.position;
+    } else {
+      return into.insert(std::move(node));
+    }
+  }
+
+  std::vector<Node> kept_;
+};
+
+}  // namespace ecx

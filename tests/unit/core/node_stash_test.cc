@@ -1,0 +1,69 @@
+#include "core/node_stash.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+namespace ecx {
+namespace {
+
+TEST(NodeStash, AnErasedNodeServesTheNextInsert) {
+  std::set<std::string> ids;
+  NodeStash<std::set<std::string>> stash;
+  stash.insert(ids, std::string(64, 'a'));
+  const std::string* first = &*ids.begin();
+  stash.erase(ids, ids.begin());
+  EXPECT_TRUE(ids.empty());
+  EXPECT_EQ(stash.kept(), 1U);
+  auto at = stash.insert(ids, std::string(64, 'b'));
+  EXPECT_EQ(stash.kept(), 0U);
+  EXPECT_EQ(*at, std::string(64, 'b'));
+  EXPECT_EQ(&*at, first) << "the kept node was not the one reused";
+}
+
+TEST(NodeStash, ADuplicateInUniqueContainerLeavesItAndKeepsTheNode) {
+  std::set<int> values{1, 2};
+  NodeStash<std::set<int>> stash;
+  EXPECT_TRUE(stash.erase_key(values, 2));
+  EXPECT_FALSE(stash.erase_key(values, 7));
+  auto at = stash.insert(values, 1);  // already there
+  EXPECT_EQ(*at, 1);
+  EXPECT_EQ(values.size(), 1U);
+  EXPECT_EQ(stash.kept(), 1U) << "the node the duplicate came in was not kept";
+}
+
+TEST(NodeStash, AKeptMapNodeLetsGoOfItsValueAtOnce) {
+  std::unordered_map<int, std::shared_ptr<int>> owners;
+  NodeStash<std::unordered_map<int, std::shared_ptr<int>>> stash;
+  auto value = std::make_shared<int>(5);
+  stash.insert(owners, 1, value);
+  EXPECT_EQ(value.use_count(), 2);
+  stash.erase(owners, owners.find(1));
+  EXPECT_EQ(value.use_count(), 1) << "a kept node still owned its value";
+  auto at = stash.insert(owners, 2, std::make_shared<int>(6));
+  EXPECT_EQ(at->first, 2);
+  EXPECT_EQ(*at->second, 6);
+  EXPECT_EQ(owners.size(), 1U);
+}
+
+TEST(NodeStash, MultiContainersTakeEqualKeysAndTheStashIsBounded) {
+  std::multimap<int, int> deadlines;
+  NodeStash<std::multimap<int, int>, 2> stash;
+  for (int i = 0; i < 4; ++i) stash.insert(deadlines, 10, i);
+  EXPECT_EQ(deadlines.count(10), 4U);
+  while (!deadlines.empty()) stash.erase(deadlines, deadlines.begin());
+  EXPECT_EQ(stash.kept(), 2U);
+  stash.insert(deadlines, 3, 30);
+  stash.insert(deadlines, 1, 10);
+  stash.insert(deadlines, 2, 20);  // past what was kept: a fresh node
+  EXPECT_EQ(stash.kept(), 0U);
+  std::multimap<int, int> expected{{1, 10}, {2, 20}, {3, 30}};
+  EXPECT_EQ(deadlines, expected);
+}
+
+}  // namespace
+}  // namespace ecx
