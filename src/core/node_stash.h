@@ -31,10 +31,15 @@ class NodeStash {
     return true;
   }
 
+  // The inserts answer where the element is and whether it is new (always, in a multi
+  // container). A value or key may be anything the element is assignable from (a
+  // string_view for a string): it is assigned into a kept node's element, whose buffer
+  // it reuses.
+
   // set / multiset / unordered_set: inserts `value`.
   template <class Value>
-  typename Container::iterator insert(Container& into, Value&& value) {
-    if (kept_.empty()) return position(into.insert(std::forward<Value>(value)));
+  std::pair<typename Container::iterator, bool> insert(Container& into, Value&& value) {
+    if (kept_.empty()) return position(into.emplace(std::forward<Value>(value)));
     Node node = take();
     node.value() = std::forward<Value>(value);
     return insert_node(into, std::move(node));
@@ -42,7 +47,7 @@ class NodeStash {
 
   // map / multimap / unordered_map: inserts `key` -> `mapped`.
   template <class Key, class Mapped>
-  typename Container::iterator insert(Container& into, Key&& key, Mapped&& mapped) {
+  std::pair<typename Container::iterator, bool> insert(Container& into, Key&& key, Mapped&& mapped) {
     if (kept_.empty()) return position(into.emplace(std::forward<Key>(key), std::forward<Mapped>(mapped)));
     Node node = take();
     node.key() = std::forward<Key>(key);
@@ -55,8 +60,9 @@ class NodeStash {
  private:
   static constexpr bool kUnique = requires { typename Container::insert_return_type; };
 
-  static typename Container::iterator position(typename Container::iterator at) { return at; }
-  static typename Container::iterator position(std::pair<typename Container::iterator, bool> at) { return at.first; }
+  using Position = std::pair<typename Container::iterator, bool>;
+  static Position position(typename Container::iterator at) { return {at, true}; }
+  static Position position(Position at) { return at; }
 
   Node take() {
     Node node = std::move(kept_.back());
@@ -73,13 +79,13 @@ class NodeStash {
     if (kept_.size() < kMaxKept) kept_.push_back(std::move(node));
   }
 
-  typename Container::iterator insert_node(Container& into, Node node) {
+  Position insert_node(Container& into, Node node) {
     if constexpr (kUnique) {
       auto inserted = into.insert(std::move(node));
       if (!inserted.inserted) keep(std::move(inserted.node));  // already there: the node goes back
-      return inserted.position;
+      return {inserted.position, inserted.inserted};
     } else {
-      return into.insert(std::move(node));
+      return {into.insert(std::move(node)), true};
     }
   }
 

@@ -285,9 +285,12 @@ bool ConsumerGate::release_unreachable(const RequestView& request, std::size_t i
 
 void ConsumerGate::after_alloc(const RequestView& request, std::size_t index) {
   const MmFeature& feature = request.mm_features[index];
-  if (local_cache_.insert(feature.identifier).second) local_cache_changed(feature.identifier);
+  if (local_cache_nodes_.insert(local_cache_, feature.identifier).second) local_cache_changed(feature.identifier);
   if (options_.is_consumer) {
-    allocated_this_step_.insert_or_assign(feature.identifier, request.request_id);
+    if (auto [at, added] = allocated_nodes_.insert(allocated_this_step_, feature.identifier, request.request_id);
+        !added) {
+      at->second = request.request_id;
+    }
     // Asynchronous loads reach this too: a gate that passed on the engine's own copy
     // (a snapshot) finds the entry evicted by the time the engine allocates it.
     if (claimed_this_step_.contains(feature.identifier) &&
@@ -367,7 +370,7 @@ void ConsumerGate::build_step(const StepView& step, ConnectorMeta& meta) {
   // (An entry the engine encoded itself is encoded again and needs nothing.)
   for (const auto& h : step.free_encoder_mm_hashes) {
     const bool allocated = allocated_this_step_.contains(h);
-    if (!allocated && local_cache_.erase(h) != 0) local_cache_changed(h);
+    if (!allocated && local_cache_nodes_.erase_key(local_cache_, h)) local_cache_changed(h);
     // A load still in flight for an entry the engine dropped, that no waiting request
     // counts on (its request allocated the entry, then the engine evicted it): nobody
     // would free the copy once it lands in the workers' caches.
@@ -381,7 +384,7 @@ void ConsumerGate::build_step(const StepView& step, ConnectorMeta& meta) {
     table_.release_ready(h, now);
     meta.freed.push_back(h);
   }
-  allocated_this_step_.clear();
+  while (!allocated_this_step_.empty()) allocated_nodes_.erase(allocated_this_step_, allocated_this_step_.begin());
   claimed_this_step_.clear();
   std::erase_if(gate_loads_, [&](const std::string& h) { return !table_.has_state(h, {TransferState::loading}); });
   for (auto& h : extra_freed_) {

@@ -21,6 +21,7 @@
 #include "connector/scheduler/consumer_channel.h"
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/request_failures.h"
+#include "core/node_stash.h"
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_table.h"
@@ -159,6 +160,10 @@ class ConsumerGate {
   // allocated each: one the engine also evicted in this step must be loaded again,
   // because the workers drop evicted entries before they load.
   detail::StringMap<std::string> allocated_this_step_;
+  // Both gain an entry per item the engine allocates and lose it soon after: their
+  // nodes (and the strings in them) are reused.
+  NodeStash<detail::StringSet> local_cache_nodes_;
+  NodeStash<detail::StringMap<std::string>> allocated_nodes_;
   std::vector<std::string> extra_freed_;
   // Loads still in flight whose request finished without allocating them: freed
   // once they complete, unless a request allocated them meanwhile.

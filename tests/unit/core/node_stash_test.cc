@@ -6,6 +6,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace ecx {
@@ -19,9 +20,11 @@ TEST(NodeStash, AnErasedNodeServesTheNextInsert) {
   stash.erase(ids, ids.begin());
   EXPECT_TRUE(ids.empty());
   EXPECT_EQ(stash.kept(), 1U);
-  auto at = stash.insert(ids, std::string(64, 'b'));
+  const std::string next(64, 'b');
+  auto [at, inserted] = stash.insert(ids, std::string_view(next));  // assigned into the kept string
+  EXPECT_TRUE(inserted);
   EXPECT_EQ(stash.kept(), 0U);
-  EXPECT_EQ(*at, std::string(64, 'b'));
+  EXPECT_EQ(*at, next);
   EXPECT_EQ(&*at, first) << "the kept node was not the one reused";
 }
 
@@ -30,7 +33,8 @@ TEST(NodeStash, ADuplicateInUniqueContainerLeavesItAndKeepsTheNode) {
   NodeStash<std::set<int>> stash;
   EXPECT_TRUE(stash.erase_key(values, 2));
   EXPECT_FALSE(stash.erase_key(values, 7));
-  auto at = stash.insert(values, 1);  // already there
+  auto [at, inserted] = stash.insert(values, 1);  // already there
+  EXPECT_FALSE(inserted);
   EXPECT_EQ(*at, 1);
   EXPECT_EQ(values.size(), 1U);
   EXPECT_EQ(stash.kept(), 1U) << "the node the duplicate came in was not kept";
@@ -44,7 +48,7 @@ TEST(NodeStash, AKeptMapNodeLetsGoOfItsValueAtOnce) {
   EXPECT_EQ(value.use_count(), 2);
   stash.erase(owners, owners.find(1));
   EXPECT_EQ(value.use_count(), 1) << "a kept node still owned its value";
-  auto at = stash.insert(owners, 2, std::make_shared<int>(6));
+  auto at = stash.insert(owners, 2, std::make_shared<int>(6)).first;
   EXPECT_EQ(at->first, 2);
   EXPECT_EQ(*at->second, 6);
   EXPECT_EQ(owners.size(), 1U);
