@@ -13,6 +13,7 @@
 
 #include "core/id_map.h"
 #include "core/logging.h"
+#include "core/node_stash.h"
 
 namespace ecx::producer {
 
@@ -114,6 +115,10 @@ class PushCore {
   void release_source(Push& p, Actions& out);
   void unindex_waiting(Push& p);
   void enforce_terminal_limit();
+  // `ids` of `index` (made if absent) gains `id`; true if it was new there.
+  bool index_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id);
+  // `ids` of `index` loses `id`, and `index` the key once it has none.
+  void unindex_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id);
 
   PushOptions options_;
   std::shared_ptr<const Clock> clock_;
@@ -126,6 +131,11 @@ class PushCore {
   std::unordered_map<SourceId, std::uint64_t> source_refs_;
   TimeIndex deadlines_;  // waiting_inputs pushes
   TimeIndex retries_;    // shards in retry_wait, keyed by retry_key
+  // Every push adds an entry to several of the indexes above and removes it when it
+  // ends: their nodes, and the id strings in them, are reused.
+  NodeStash<TimeIndex> time_nodes_;
+  NodeStash<IdMap<std::set<std::string>>> index_nodes_;
+  NodeStash<std::set<std::string>> id_nodes_;
   struct Terminal {
     std::string transfer_id;
     TimePoint at;
@@ -265,15 +275,25 @@ void PushCore::release_source(Push& p, Actions& out) {
   }
 }
 
+bool PushCore::index_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id) {
+  auto it = index.find(key);
+  if (it == index.end()) it = index_nodes_.insert(index, key, std::set<std::string>{}).first;
+  return id_nodes_.insert(it->second, id).second;
+}
+
+void PushCore::unindex_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id) {
+  auto it = index.find(key);
+  if (it == index.end()) return;
+  id_nodes_.erase_key(it->second, id);
+  if (it->second.empty()) index_nodes_.erase(index, it);
+}
+
 void PushCore::unindex_waiting(Push& p) {
   if (p.deadline) {
-    deadlines_.erase(*p.deadline);
+    time_nodes_.erase(deadlines_, *p.deadline);
     p.deadline.reset();
   }
-  if (auto it = sourceless_by_hash_.find(p.spec.mm_hash); it != sourceless_by_hash_.end()) {
-    it->second.erase(p.spec.transfer_id);
-    if (it->second.empty()) sourceless_by_hash_.erase(it);
-  }
+  unindex_id(sourceless_by_hash_, p.spec.mm_hash, p.spec.transfer_id);
 }
 
 void PushCore::finish(Push& p, P to, Actions& out) {
@@ -284,12 +304,7 @@ void PushCore::finish(Push& p, P to, Actions& out) {
   }
   unindex_waiting(p);
   for (Shard& s : p.shards) clear_retry(s);
-  for (const std::string& r : p.requests) {
-    if (auto it = by_request_.find(r); it != by_request_.end()) {
-      it->second.erase(p.spec.transfer_id);
-      if (it->second.empty()) by_request_.erase(it);
-    }
-  }
+  for (const std::string& r : p.requests) unindex_id(by_request_, r, p.spec.transfer_id);
   release_source(p, out);
   switch (p.state) {
     case P::done:
@@ -436,7 +451,7 @@ void PushCore::step(Push& p, Actions& out) {
 // or wait for space.
 void PushCore::reserve_turned_away(Push& p, Actions& out) {
   if (!transition(p, P::waiting_inputs)) return;
-  p.deadline = deadlines_.emplace(p.deadline_at, p.spec.transfer_id);
+  p.deadline = time_nodes_.insert(deadlines_, p.deadline_at, p.spec.transfer_id).first;
   for (std::size_t i = 0; i < p.shards.size(); ++i) {
     Shard& s = p.shards[i];
     if (!s.turned_away) continue;
@@ -470,8 +485,8 @@ Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
     }
     // The same encoding requested again shares the push.
     ++counters_.duplicates;
-    if (!is_terminal(p->state) && !spec.request_id.empty() && p->requests.insert(spec.request_id).second) {
-      by_request_[spec.request_id].insert(spec.transfer_id);
+    if (!is_terminal(p->state) && !spec.request_id.empty() && id_nodes_.insert(p->requests, spec.request_id).second) {
+      index_id(by_request_, spec.request_id, spec.transfer_id);
     }
     return out;
   }
@@ -480,12 +495,12 @@ Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
   (void)inserted;
   Push& push = it->second;
   const PushSpec& kept = push.spec;
-  if (!kept.request_id.empty()) push.requests.insert(kept.request_id);
+  if (!kept.request_id.empty()) id_nodes_.insert(push.requests, kept.request_id);
   push.shards.resize(static_cast<std::size_t>(shard_count));
   push.deadline_at = now() + options_.push_deadline;
-  push.deadline = deadlines_.emplace(push.deadline_at, kept.transfer_id);
-  sourceless_by_hash_[kept.mm_hash].insert(kept.transfer_id);
-  if (!kept.request_id.empty()) by_request_[kept.request_id].insert(kept.transfer_id);
+  push.deadline = time_nodes_.insert(deadlines_, push.deadline_at, kept.transfer_id).first;
+  index_id(sourceless_by_hash_, kept.mm_hash, kept.transfer_id);
+  if (!kept.request_id.empty()) index_id(by_request_, kept.request_id, kept.transfer_id);
   ++counters_.started;
   // A push to several shards must hold every shard's slot or none: one landed
   // unreserved on one shard while its sibling has no room would pin that room, and
@@ -585,10 +600,7 @@ Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::ui
            out);
       continue;
     }
-    if (auto it = sourceless_by_hash_.find(p->spec.mm_hash); it != sourceless_by_hash_.end()) {
-      it->second.erase(tid);
-      if (it->second.empty()) sourceless_by_hash_.erase(it);
-    }
+    unindex_id(sourceless_by_hash_, p->spec.mm_hash, tid);
     p->source = source;
     ++source_refs_[source];
     used = true;
@@ -694,11 +706,11 @@ Actions PushCore::cancel_requests(std::span<const std::string> request_ids, bool
       if (it == by_request_.end()) continue;
       for (const std::string& tid : it->second) {
         if (Push* p = find(tid)) {
-          p->requests.erase(r);
+          id_nodes_.erase_key(p->requests, r);
           if (p->requests.empty()) candidates.push_back(tid);
         }
       }
-      by_request_.erase(it);
+      index_nodes_.erase(by_request_, it);
     }
   }
   for (const std::string& tid : candidates) {
@@ -816,6 +828,35 @@ Status PushCore::check_invariants() const {
     if (p.state == P::writing && !p.source) return internal_error(fmt::format("{} writes without a source", tid));
     if ((p.state == P::waiting_inputs) != p.deadline.has_value()) {
       return internal_error(fmt::format("{} deadline index out of step", tid));
+    }
+    const bool sourceless = p.state == P::waiting_inputs && !p.source;
+    const auto waiting = sourceless_by_hash_.find(p.spec.mm_hash);
+    if (sourceless != (waiting != sourceless_by_hash_.end() && waiting->second.contains(tid))) {
+      return internal_error(fmt::format("{} sourceless index out of step", tid));
+    }
+    for (const std::string& r : p.requests) {
+      const auto named = by_request_.find(r);
+      if (!is_terminal(p.state) && (named == by_request_.end() || !named->second.contains(tid))) {
+        return internal_error(fmt::format("{} missing from request {}'s index", tid, r));
+      }
+    }
+  }
+  for (const auto& [hash, tids] : sourceless_by_hash_) {
+    if (tids.empty()) return internal_error(fmt::format("an empty sourceless entry for {}", hash));
+    for (const std::string& tid : tids) {
+      const auto it = pushes_.find(tid);
+      if (it == pushes_.end() || it->second.spec.mm_hash != hash) {
+        return internal_error(fmt::format("sourceless index names {} under {}", tid, hash));
+      }
+    }
+  }
+  for (const auto& [request, tids] : by_request_) {
+    if (tids.empty()) return internal_error(fmt::format("an empty request entry for {}", request));
+    for (const std::string& tid : tids) {
+      const auto it = pushes_.find(tid);
+      if (it == pushes_.end() || is_terminal(it->second.state) || !it->second.requests.contains(request)) {
+        return internal_error(fmt::format("request {}'s index names {}", request, tid));
+      }
     }
   }
   if (refs != source_refs_) return internal_error("source reference counts out of step");
