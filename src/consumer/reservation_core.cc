@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "ecx/core/node_stash.h"
+
 namespace ecx::consumer::detail {
 
 namespace {
@@ -86,13 +88,7 @@ Record& ReservationCore::new_record(const ReserveRequest& req, bool writer, Slot
 }
 
 void ReservationCore::arm_deadline(Record& r, TimePoint when) {
-  if (r.deadline) {  // re-armed in place: the index entry (and its copy of the id) is reused
-    auto node = deadlines_.extract(*r.deadline);
-    node.key() = when;
-    r.deadline = deadlines_.insert(std::move(node));
-    return;
-  }
-  r.deadline = deadlines_.emplace(when, r.transfer_id);
+  r.deadline = r.deadline ? rekey(deadlines_, *r.deadline, deadlines_, when) : deadlines_.emplace(when, r.transfer_id);
 }
 
 void ReservationCore::disarm_deadline(Record& r) {
@@ -108,14 +104,9 @@ void ReservationCore::entomb(Record& r) {
   release_slot(r);
   drop_tombstone(r);
   const TimePoint until = now() + options_.ttl;
-  if (r.deadline) {  // the deadline's index entry moves over as it is
-    auto node = deadlines_.extract(*r.deadline);
-    r.deadline.reset();
-    node.key() = until;
-    r.tombstone = tombstones_.insert(std::move(node));
-  } else {
-    r.tombstone = tombstones_.emplace(until, r.transfer_id);
-  }
+  // The deadline's index entry, when there is one, moves over with its copy of the id.
+  r.tombstone = r.deadline ? rekey(deadlines_, *std::exchange(r.deadline, std::nullopt), tombstones_, until)
+                           : tombstones_.emplace(until, r.transfer_id);
   enforce_tombstone_cap();
 }
 

@@ -24,48 +24,17 @@ std::uint64_t normalised_alignment(std::uint64_t alignment) {
 OffsetAllocator::OffsetAllocator(std::uint64_t capacity, std::uint64_t alignment)
     : capacity_(0), alignment_(normalised_alignment(alignment)) {
   capacity_ = capacity - capacity % alignment_;
-  spare_map_nodes_.reserve(kSpareNodes);
-  spare_set_nodes_.reserve(kSpareNodes);
   if (capacity_ > 0) insert_free(0, capacity_);
 }
 
-void OffsetAllocator::put(OffsetMap& map, std::uint64_t offset, std::uint64_t size) {
-  if (spare_map_nodes_.empty()) {
-    map.emplace(offset, size);
-    return;
-  }
-  OffsetMap::node_type node = std::move(spare_map_nodes_.back());
-  spare_map_nodes_.pop_back();
-  node.key() = offset;
-  node.mapped() = size;
-  map.insert(std::move(node));
-}
-
-void OffsetAllocator::drop(OffsetMap& map, OffsetMap::iterator at) {
-  OffsetMap::node_type node = map.extract(at);
-  if (spare_map_nodes_.size() < kSpareNodes) spare_map_nodes_.push_back(std::move(node));
-}
-
-void OffsetAllocator::drop(SizeSet::iterator at) {
-  SizeSet::node_type node = free_by_size_.extract(at);
-  if (spare_set_nodes_.size() < kSpareNodes) spare_set_nodes_.push_back(std::move(node));
-}
-
 void OffsetAllocator::insert_free(std::uint64_t offset, std::uint64_t size) {
-  put(free_by_offset_, offset, size);
-  if (spare_set_nodes_.empty()) {
-    free_by_size_.emplace(size, offset);
-    return;
-  }
-  SizeSet::node_type node = std::move(spare_set_nodes_.back());
-  spare_set_nodes_.pop_back();
-  node.value() = {size, offset};
-  free_by_size_.insert(std::move(node));
+  map_nodes_.insert(free_by_offset_, offset, size);
+  size_nodes_.insert(free_by_size_, std::pair{size, offset});
 }
 
 void OffsetAllocator::erase_free(OffsetMap::iterator block) {
-  drop(free_by_size_.find({block->second, block->first}));
-  drop(free_by_offset_, block);
+  size_nodes_.erase_key(free_by_size_, std::pair{block->second, block->first});
+  map_nodes_.erase(free_by_offset_, block);
 }
 
 Result<Slot> OffsetAllocator::allocate(std::uint64_t nbytes) {
@@ -82,10 +51,10 @@ Result<Slot> OffsetAllocator::allocate(std::uint64_t nbytes) {
                                           free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first));
   }
   const auto [block_size, offset] = *best;
-  drop(best);
-  drop(free_by_offset_, free_by_offset_.find(offset));
+  size_nodes_.erase(free_by_size_, best);
+  map_nodes_.erase_key(free_by_offset_, offset);
   if (block_size > size) insert_free(offset + size, block_size - size);
-  put(live_, offset, size);
+  map_nodes_.insert(live_, offset, size);
   used_ += size;
   return Slot{offset, size};
 }
@@ -98,7 +67,7 @@ Status OffsetAllocator::free(const Slot& slot) {
     log::get("pool")->error("offset allocator: {}", status.message());
     return status;
   }
-  drop(live_, live);
+  map_nodes_.erase(live_, live);
   used_ -= slot.size;
 
   std::uint64_t offset = slot.offset;

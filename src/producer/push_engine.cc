@@ -174,6 +174,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     std::lock_guard lock(failures_mutex);
     if (failures.size() < 65'536) failures.push_back(std::move(failure));
   }
+  // A push that never started: its own request is the one that fails.
+  void add_failure(const PushSpec& spec, std::string reason) {
+    add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, std::move(reason)});
+  }
 
   void release_source(SourceId id) {
     if (auto lent = staging->release(id)) give_back(std::move(*lent));
@@ -300,8 +304,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     auto started = pushes.start(std::move(spec), shards);
     if (!started) {
       // PushManager::start moves from the spec only when it starts the push.
-      const PushSpec& refused = spec;  // NOLINT(bugprone-use-after-move)
-      add_failure({refused.transfer_id, refused.mm_hash, {refused.request_id}, started.status().message()});
+      add_failure(spec, started.status().message());  // NOLINT(bugprone-use-after-move)
       return;
     }
     actions.append(std::move(*started));
@@ -331,10 +334,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       return;
     }
     if (awaiting_count >= kMaxAwaitingTopology) {
-      add_failure({command.spec.transfer_id,
-                   command.spec.mm_hash,
-                   {command.spec.request_id},
-                   "too many pushes waiting for consumer discovery"});
+      add_failure(command.spec, "too many pushes waiting for consumer discovery");
       return;
     }
     auto& waiting = awaiting_topology[base];
@@ -372,11 +372,8 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
         start_push(spec, static_cast<int>(result.topology->shards.size()), actions);
       } else {
         count(&EngineCounters::topology_failures);
-        add_failure({spec.transfer_id,
-                     spec.mm_hash,
-                     {spec.request_id},
-                     fmt::format("could not discover every shard of the consumer at {}: {}", result.base,
-                                 result.topology.status().message())});
+        add_failure(spec, fmt::format("could not discover every shard of the consumer at {}: {}", result.base,
+                                      result.topology.status().message()));
       }
     }
     for (const auto& hash : hashes) {
@@ -743,15 +740,14 @@ void PushEngine::submit(PushSpec spec) {
   {
     std::lock_guard lock(state_->inbox_mutex);
     if (!state_->accepting) {
-      state_->add_failure({spec.transfer_id, spec.mm_hash, {spec.request_id}, "the producer is shutting down"});
+      state_->add_failure(spec, "the producer is shutting down");
       return;
     }
   }
   state_->count(&EngineCounters::submitted);
   InboxItem command = SubmitCommand{std::move(spec)};
   if (!state_->enqueue_or_keep(command)) {
-    const PushSpec& refused = std::get<SubmitCommand>(command).spec;
-    state_->add_failure({refused.transfer_id, refused.mm_hash, {refused.request_id}, "the producer's queue is full"});
+    state_->add_failure(std::get<SubmitCommand>(command).spec, "the producer's queue is full");
   }
 }
 

@@ -13,7 +13,7 @@
 
 #include "core/id_map.h"
 #include "core/logging.h"
-#include "core/node_stash.h"
+#include "ecx/core/node_stash.h"
 
 namespace ecx::producer {
 

@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 #include <utility>
-#include <vector>
 
+#include "ecx/core/node_stash.h"
 #include "ecx/core/status.h"
 
 namespace ecx::pool {
@@ -50,27 +50,22 @@ class OffsetAllocator {
  private:
   using OffsetMap = std::map<std::uint64_t, std::uint64_t>;
   using SizeSet = std::set<std::pair<std::uint64_t, std::uint64_t>>;
-  // Erased tree nodes are kept (up to this many of each kind) and refilled: each
-  // allocate/free pair otherwise made and dropped three or four nodes, and pools are
-  // carved once or twice per transfer.
-  static constexpr std::size_t kSpareNodes = 64;
 
   std::uint64_t capacity_;
   std::uint64_t alignment_;
   std::uint64_t used_ = 0;
   void insert_free(std::uint64_t offset, std::uint64_t size);
   void erase_free(OffsetMap::iterator block);
-  void put(OffsetMap& map, std::uint64_t offset, std::uint64_t size);
-  void drop(OffsetMap& map, OffsetMap::iterator at);
-  void drop(SizeSet::iterator at);
 
   OffsetMap free_by_offset_;  // offset -> size
   // (size, offset): best fit is the first entry not smaller than the request, and
   // removing one exact block stays O(log n) however many blocks share a size.
   SizeSet free_by_size_;
   OffsetMap live_;  // offset -> size
-  std::vector<OffsetMap::node_type> spare_map_nodes_;
-  std::vector<SizeSet::node_type> spare_set_nodes_;
+  // Each allocate/free pair made and dropped three or four tree nodes, and pools are
+  // carved once or twice per transfer: the nodes are reused.
+  NodeStash<OffsetMap> map_nodes_;  // free_by_offset_ and live_
+  NodeStash<SizeSet> size_nodes_;
 };
 
 }  // namespace ecx::pool

@@ -21,12 +21,12 @@
 #include "connector/scheduler/consumer_channel.h"
 #include "connector/scheduler/coordinator_common.h"
 #include "connector/scheduler/request_failures.h"
-#include "core/node_stash.h"
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_table.h"
 #include "ecx/connector/scheduler/types.h"
 #include "ecx/core/clock.h"
+#include "ecx/core/node_stash.h"
 
 namespace ecx::scheduler {
 

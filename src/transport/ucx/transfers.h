@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/node_stash.h"
 #include "ecx/core/clock.h"
+#include "ecx/core/node_stash.h"
 #include "ecx/core/status.h"
 #include "ecx/transport/transport.h"
 #include "ecx/transport/ucx_transport.h"

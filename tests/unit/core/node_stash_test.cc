@@ -1,4 +1,4 @@
-#include "core/node_stash.h"
+#include "ecx/core/node_stash.h"
 
 #include <gtest/gtest.h>
 
@@ -67,6 +67,21 @@ TEST(NodeStash, MultiContainersTakeEqualKeysAndTheStashIsBounded) {
   EXPECT_EQ(stash.kept(), 0U);
   std::multimap<int, int> expected{{1, 10}, {2, 20}, {3, 30}};
   EXPECT_EQ(deadlines, expected);
+}
+
+TEST(Rekey, MovesAnEntryUnderANewKeyWithinAndAcrossIndexes) {
+  std::multimap<int, std::string> deadlines{{5, std::string(40, 'a')}, {9, "b"}};
+  std::multimap<int, std::string> tombstones;
+  const std::string* id = &deadlines.begin()->second;
+  auto later = rekey(deadlines, deadlines.begin(), deadlines, 12);
+  EXPECT_EQ(later->first, 12);
+  EXPECT_EQ(&later->second, id) << "re-armed in another node";
+  EXPECT_EQ(deadlines.begin()->second, "b");
+  auto moved = rekey(deadlines, later, tombstones, 30);
+  EXPECT_EQ(&moved->second, id);
+  EXPECT_EQ(deadlines.size(), 1U);
+  std::multimap<int, std::string> expected{{30, std::string(40, 'a')}};
+  EXPECT_EQ(tombstones, expected);
 }
 
 }  // namespace

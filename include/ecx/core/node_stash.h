@@ -92,4 +92,14 @@ class NodeStash {
   std::vector<Node> kept_;
 };
 
+// Moves the entry at `at` of the ordered map `from` into `to` (which may be `from`)
+// under `key`, in its own node: a deadline re-armed or handed to another index keeps
+// its mapped value (an id string) without copying it. Returns its new place.
+template <class Map, class Key>
+typename Map::iterator rekey(Map& from, typename Map::iterator at, Map& to, Key&& key) {
+  auto node = from.extract(at);
+  node.key() = std::forward<Key>(key);
+  return to.insert(std::move(node));
+}
+
 }  // namespace ecx
