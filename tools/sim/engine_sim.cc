@@ -808,6 +808,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       s.result.events_dropped += all.control.events_dropped;
       s.result.held_reserves_placed += all.control.held_reserves_placed;
       s.result.in_process_cancels += all.control.in_process_cancels;
+      s.result.cancels_of_unknown += c.pre_reserved_tombstones;
       s.result.held_reserves_expired += all.control.held_reserves_expired;
       s.result.checksum_mismatches += c.checksum_mismatches;
       s.result.live_reservations += c.live_records;

@@ -76,6 +76,9 @@ struct ConsumerResult {
   // Releases and cancels the scheduler ran on its shards in this process, without the
   // network (ControlHandler::cancel_runs_anywhere).
   std::uint64_t in_process_cancels = 0;
+  // Cancels the shards found no record for, each kept as a tombstone for the TTL (a
+  // cancel that overtook its reserve, or one sent for a transfer already taken).
+  std::uint64_t cancels_of_unknown = 0;
   std::uint64_t resident_bytes = 0;
   // Readiness events the shards dropped (a full backlog), and shard readiness the
   // scheduler learnt by asking instead (readiness_recheck_s).

@@ -478,10 +478,21 @@ void ConsumerChannel::apply_rechecks(const std::vector<std::shared_ptr<RecheckTi
 
 void ConsumerChannel::queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash,
                                    std::string_view request_id) {
-  if (!table_.cancel(transfer_id, now, mm_hash, request_id)) return;
+  if (table_.cancel(transfer_id, now, mm_hash, request_id)) cancel_on_shards(transfer_id);
+}
+
+void ConsumerChannel::cancel_orphan(std::string_view transfer_id, TimePoint now) {
+  (void)table_.cancel(transfer_id, now);
+  cancel_on_shards(transfer_id);
+}
+
+void ConsumerChannel::cancel_on_shards(std::string_view transfer_id) {
   forget_shard_readiness(transfer_id);
   const TransferRecord* r = table_.find(transfer_id);
-  if ((r && r->invented_name()) || !control_ || options_.control_address.empty()) {
+  // A taken transfer is released by its lease, not by a cancel: its records went at
+  // the take, and a cancel would cost a round trip and leave a tombstone on every
+  // shard, one per item, crowding out those that guard against late reserves.
+  if ((r && (r->invented_name() || r->taken())) || !control_ || options_.control_address.empty()) {
     ++stats_.cancels_local_only;
     return;
   }

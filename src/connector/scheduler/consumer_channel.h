@@ -73,6 +73,10 @@ class ConsumerChannel {
   // control client is configured, queues its cancel on every consumer shard.
   void queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash = {},
                     std::string_view request_id = {});
+  // An orphan (TransferTable::drain_orphaned) has ended in the table: an expired one
+  // becomes a cancelled tombstone, a failed one stays failed. Either is cancelled on
+  // the shards unless nothing can be left there (see queue_cancel).
+  void cancel_orphan(std::string_view transfer_id, TimePoint now);
   // Takes the outcome of the remote cancels that finished.
   void poll_pending_cancels();
   // See SchedulerCoordinator::close(). Idempotent.
@@ -104,6 +108,8 @@ class ConsumerChannel {
   // Whether every shard has now reported `event`'s transfer ready.
   bool note_shard_ready(const TransferEvent& event, TimePoint now);
   void forget_shard_readiness(std::string_view transfer_id);
+  // The remote half of queue_cancel: on every shard, unless no consumer can hold it.
+  void cancel_on_shards(std::string_view transfer_id);
 
   const CoordinatorOptions& options_;
   TransferTable& table_;

@@ -394,7 +394,7 @@ void ConsumerGate::build_step(const StepView& step, ConnectorMeta& meta) {
   }
   extra_freed_.clear();
   for (auto& id : table_.drain_orphaned()) {
-    channel_.queue_cancel(id, now);
+    channel_.cancel_orphan(id, now);
     meta.orphan_cancels.push_back(std::move(id));
   }
   expire_substitutes(now);

@@ -379,6 +379,7 @@ void TransferTable::erase_record(TransferRecord& r) {
   r.notified_.clear();
   r.load_owner_.clear();
   r.invented_name_ = false;
+  r.taken_ = false;
   r.queued_for_dispatch_ = false;
   records_.release(r.pool_id_);
 }
@@ -512,6 +513,10 @@ bool TransferTable::complete_load(std::string_view mm_hash) {
   if (entry == nullptr) return false;
   if (TransferRecord* r = entry->by_state[idx(TransferState::loading)].head) {
     r->load_owner_.clear();
+    // `loaded` holds what every rank loaded (WorkerMeta::aggregate), and a load takes the
+    // slot: the consumer record of a transfer load goes then, and a local load's went at
+    // its first load.
+    r->taken_ = true;
     return transition(*r, TransferState::ready, TimePoint{});
   }
   return entry->by_state[idx(TransferState::ready)].size != 0;
@@ -523,7 +528,9 @@ bool TransferTable::fail_load(std::string_view mm_hash, TimePoint now) {
   TransferRecord* r = entry->by_state[idx(TransferState::loading)].head;
   if (r == nullptr) return false;
   r->load_owner_.clear();
-  return transition(*r, TransferState::failed, now);
+  if (!transition(*r, TransferState::failed, now)) return false;
+  orphans_.push_back(r->transfer_id_);
+  return true;
 }
 
 void TransferTable::expire_as_orphan(TransferRecord& r, TimePoint now) {

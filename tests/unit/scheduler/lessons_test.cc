@@ -227,7 +227,13 @@ TEST(SchedulerLessons, Lesson18_PendingSavesKeepTheEngineStepping) {
   EXPECT_FALSE(h.coordinator.has_pending_push_work());
 }
 
-TEST(SchedulerLessons, Lesson19_RecordsExpiredOutOfReadyOrResidentCancelTheirReservation) {
+// Lesson 19 guards against a record expired straight out of READY or RESIDENT leaving
+// its buffer pinned. Here a record reaches READY only through a load every rank
+// reported, and each rank's take ended its consumer record then: the slot went to the
+// load's lease, and from the lease to the consumer's resident cache, which evicts it
+// by itself. So the orphan ends here; a cancel would find no record on any shard and
+// leave a tombstone there for every item.
+TEST(SchedulerLessons, Lesson19_RecordsExpiredOutOfReadyOrResidentEndWithoutPinningOrTombstones) {
   auto options = testing::consumer_options();
   options.table.resident_capacity_bytes = 200;  // one 128-byte item fits, two do not
   Harness h(options);
@@ -242,10 +248,30 @@ TEST(SchedulerLessons, Lesson19_RecordsExpiredOutOfReadyOrResidentCancelTheirRes
   auto meta = h.step(StepView{{"hb"}, {}});  // hb resident evicts ha
   EXPECT_EQ(meta.orphan_cancels, std::vector<std::string>{"ta"});
   EXPECT_EQ(state_of(h.coordinator, "ta"), S::cancelled);
+  EXPECT_EQ(h.coordinator.pending_remote_cancels(), 0u);
+  EXPECT_TRUE(h.control->locked([&] { return h.control->cancel_calls.empty(); }));
+  EXPECT_EQ(h.coordinator.stats().cancels_local_only, 1u);
+  EXPECT_EQ(h.coordinator.stats().cancels_queued, 0u);
+}
+
+// The same orphan before its load completed still holds a consumer record: that one
+// is cancelled on the shards.
+TEST(SchedulerLessons, Lesson19_ARecordExpiredBeforeItsLoadCompletedIsCancelledOnTheShards) {
+  Harness h;
+  auto r = request("r1", {"h"}, {"t"});
+  h.events->ready("t", "h");
+  h.step();
+  EXPECT_FALSE(h.coordinator.ensure_cache_available(r, 0));
+  ASSERT_EQ(h.step().loads.size(), 1u);
+  // One rank missed the load: it fails, and that rank's record was never taken.
+  h.coordinator.update_connector_output(WorkerOutput{{}, {"h"}, {}, false, {}});
+  ASSERT_EQ(state_of(h.coordinator, "t"), S::failed);
+  h.coordinator.request_finished(r);
+  h.step();
   h.settle_cancels(1);
   auto calls = h.control->locked([&] { return h.control->cancel_calls; });
   ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].second, "ta");
+  EXPECT_EQ(calls[0].second, "t");
 }
 
 TEST(SchedulerLessons, Lesson36_AShardedConsumerIsLoadableOnlyWhenEveryShardReportedOnce) {
@@ -287,7 +313,10 @@ TEST(SchedulerLessons, Lesson38_AReclaimOnAnyRankInvalidatesResidency) {
   EXPECT_FALSE(h.coordinator.has_cache_item("h"));
   auto meta = h.step();
   EXPECT_EQ(meta.orphan_cancels, std::vector<std::string>{"ta"});
-  h.settle_cancels(1);
+  EXPECT_EQ(state_of(h.coordinator, "ta"), S::cancelled);
+  // Its load took the slot on every rank (Lesson 19): nothing is left to cancel there.
+  EXPECT_EQ(h.coordinator.stats().cancels_local_only, 1u);
+  EXPECT_TRUE(h.control->locked([&] { return h.control->cancel_calls.empty(); }));
 }
 
 TEST(SchedulerLessons, Lesson39_NoCancelIsSentWithoutAConfirmedTopology) {

@@ -109,7 +109,7 @@ struct CoordinatorStats {
   std::uint64_t cancels_succeeded = 0;
   std::uint64_t cancels_failed = 0;
   std::uint64_t cancels_dropped = 0;     // executor full or closed
-  std::uint64_t cancels_local_only = 0;  // names no consumer knows, or no control client
+  std::uint64_t cancels_local_only = 0;  // names no consumer knows, taken already, or no control client
   std::uint64_t cancels_abandoned = 0;   // still in flight at close; their leases expire them
   std::uint64_t readiness_rechecks = 0;  // waiting transfers asked about on every shard
   std::uint64_t rechecks_failed = 0;     // a shard or the topology could not be asked

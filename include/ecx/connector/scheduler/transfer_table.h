@@ -105,6 +105,9 @@ class TransferRecord {
   const std::string& load_owner() const noexcept { return load_owner_; }
   // The scheduler invented this name ("<request_id>:<index>"); no consumer knows it.
   bool invented_name() const noexcept { return invented_name_; }
+  // Every rank's worker took its landed slot (a load reported done): the consumers
+  // erased their records of it at the take, so a cancel would only leave them a tombstone.
+  bool taken() const noexcept { return taken_; }
   std::uint64_t sequence() const noexcept { return sequence_; }  // creation order
 
  private:
@@ -128,6 +131,7 @@ class TransferRecord {
   std::uint64_t sequence_ = 0;
   std::uint64_t changed_ = 0;  // the table's change count at its creation or last change of state
   bool invented_name_ = false;
+  bool taken_ = false;
   bool queued_for_dispatch_ = false;
   // Which ordering list holds the record (deadline lists, resident LRU,
   // tombstones) and its links there; and its links in its hash's per-state list.
@@ -235,7 +239,8 @@ class TransferTable {
   // The workers loaded `mm_hash`: the first loading record → ready. True also when
   // the hash is already ready (a repeated report).
   bool complete_load(std::string_view mm_hash);
-  // The workers could not load `mm_hash`: the first loading record → failed.
+  // The workers could not load `mm_hash`: the first loading record → failed, and an
+  // orphan (a rank that did not take it still holds its consumer record).
   bool fail_load(std::string_view mm_hash, TimePoint now);
   // The engine freed `mm_hash` from its encoder cache: the newest ready record
   // becomes resident (reloadable locally); every other ready or resident record of
@@ -268,8 +273,9 @@ class TransferTable {
   std::vector<std::string> take_unavailable_requests();
   // Drops a request from the pending notifications (it finished meanwhile).
   void forget_pending_request(std::string_view request_id);
-  // Records expired out of ready/resident since the last call; their consumer
-  // reservation still exists and nothing else would release it.
+  // Records expired out of ready/resident, or failed in their load, since the last
+  // call. Nothing else releases what a consumer may still hold of them; one whose
+  // load every rank took (TransferRecord::taken) holds nothing there.
   std::vector<std::string> drain_orphaned();
 
   // Walks every record and index and reports the first disagreement. O(n): for
