@@ -1,5 +1,6 @@
 // libFuzzer target for the ec_transfer_params parser (what a proxy attaches to every
-// request). Any text must come back as a value or an error; what parses must honour
+// request). ECX's JSON reader must give nlohmann's verdict and, where both accept,
+// nlohmann's events. Any text must come back as a value or an error; what parses must honour
 // the documented bounds and ids, agree with the JSON-value entry point, and survive a
 // re-serialisation unchanged; resolve_transfer_id only ever answers a transfer id
 // the value named.
@@ -15,6 +16,8 @@
 #include "connector/scheduler/transfer_params_json.h"
 #include "ecx/connector/scheduler/transfer_params.h"
 #include "ecx/core/ids.h"
+
+#include "../unit/scheduler/json_event_log.h"
 
 namespace {
 
@@ -49,6 +52,7 @@ nlohmann::json to_json(const ecx::scheduler::EcTransferParams& p) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace ecx::scheduler;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
+  check(testing::read_both(text).agree());
   auto parsed = parse_ec_transfer_params_text(text);
 
   // The JSON-value entry point agrees with the text one.

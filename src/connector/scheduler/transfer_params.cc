@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "connector/scheduler/json_events.h"
 #include "connector/scheduler/transfer_params_json.h"
 #include "ecx/connector/scheduler/types.h"
 #include "ecx/core/ids.h"
@@ -310,7 +311,7 @@ class DocReader final : public nlohmann::json_sax<nlohmann::json> {
 std::optional<ParamsDoc> read_doc(std::string_view json_text) {
   ParamsDoc doc;
   DocReader reader(doc);
-  if (!nlohmann::json::sax_parse(json_text, &reader)) return std::nullopt;
+  if (!detail::read_json_events(json_text, reader)) return std::nullopt;
   return doc;
 }
 
