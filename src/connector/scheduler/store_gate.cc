@@ -1,5 +1,7 @@
 #include "connector/scheduler/store_gate.h"
 
+#include <optional>
+
 #include "connector/scheduler/push_planner.h"
 #include "ecx/connector/scheduler/transfer_params.h"
 
@@ -26,7 +28,11 @@ void StoreGate::strand_if_mediafree(const RequestView& request, const MmFeature&
 }
 
 bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_tokens) {
-  const TimePoint now = clock_->now();
+  // Read once, and only for an item the store serves: without a store (most
+  // deployments) this runs for every waiting request every step, and the clock read
+  // was most of its cost.
+  std::optional<TimePoint> read_at;
+  const auto now = [&] { return read_at ? *read_at : *(read_at = clock_->now()); };
   bool waiting = false;
   for (std::size_t i = 0; i < request.mm_features.size(); ++i) {
     const MmFeature& feature = request.mm_features[i];
@@ -43,19 +49,19 @@ bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_toke
     const std::string& h = feature.identifier;
     if (auto it = entries_.find(h); it != entries_.end()) {
       if (it->second.state == State::ready) continue;
-      if (now - it->second.since < options_.store_prefetch_timeout) {
+      if (now() - it->second.since < options_.store_prefetch_timeout) {
         waiting = true;
         continue;
       }
       // The workers did not answer in time: encode it (their late answer is ignored).
       ++stats_.prefetch_timeouts;
       erase(it);
-      refuse(h, now);
+      refuse(h, now());
       strand_if_mediafree(request, feature, marked);
       continue;
     }
     if (auto r = refused_until_.find(h); r != refused_until_.end()) {
-      if (now < r->second) {
+      if (now() < r->second) {
         strand_if_mediafree(request, feature, marked);
         continue;
       }
@@ -68,7 +74,7 @@ bool StoreGate::admit(const RequestView& request, std::int64_t num_computed_toke
     }
     auto spec = expected_output_spec(options_, feature);
     if (!spec) continue;
-    entries_.emplace(h, Entry{State::prefetching, now});
+    entries_.emplace(h, Entry{State::prefetching, now()});
     ++prefetching_;
     prefetches_.push_back(StoreLoad{h, *spec});
     ++stats_.prefetches;
