@@ -56,25 +56,9 @@ class Reader {
     if (p_ == end_) return Read::failed;
     switch (*p_) {
       case '{':
-        ++p_;
-        if (!sax_.start_object(kUnknownSize)) return Read::failed;
-        skip_whitespace();
-        if (p_ != end_ && *p_ == '}') {
-          ++p_;
-          return done(sax_.end_object());
-        }
-        open_.push_back(true);
-        return key() ? Read::opened : Read::failed;
+        return open(true);
       case '[':
-        ++p_;
-        if (!sax_.start_array(kUnknownSize)) return Read::failed;
-        skip_whitespace();
-        if (p_ != end_ && *p_ == ']') {
-          ++p_;
-          return done(sax_.end_array());
-        }
-        open_.push_back(false);
-        return Read::opened;
+        return open(false);
       case '"':
         return done(string(text_) && sax_.string(text_));
       case 't':
@@ -86,6 +70,20 @@ class Reader {
       default:
         return done(number());
     }
+  }
+
+  // An empty container is complete at once; another is left open, after an object's
+  // first key.
+  Read open(bool object) {
+    ++p_;
+    if (!(object ? sax_.start_object(kUnknownSize) : sax_.start_array(kUnknownSize))) return Read::failed;
+    skip_whitespace();
+    if (p_ != end_ && *p_ == (object ? '}' : ']')) {
+      ++p_;
+      return done(object ? sax_.end_object() : sax_.end_array());
+    }
+    open_.push_back(object);
+    return !object || key() ? Read::opened : Read::failed;
   }
 
   // `"name"`, then `:`.
@@ -165,32 +163,14 @@ class Reader {
     ++p_;
     if (p_ == end_) return false;
     const char c = *p_++;
-    switch (c) {
-      case '"':
-      case '\\':
-      case '/':
-        out.push_back(c);
-        return true;
-      case 'b':
-        out.push_back('\b');
-        return true;
-      case 'f':
-        out.push_back('\f');
-        return true;
-      case 'n':
-        out.push_back('\n');
-        return true;
-      case 'r':
-        out.push_back('\r');
-        return true;
-      case 't':
-        out.push_back('\t');
-        return true;
-      case 'u':
-        break;
-      default:
-        return false;
+    // The one-letter escapes and what each stands for; \u is read below.
+    constexpr std::string_view kLetters = "\"\\/bfnrt";
+    constexpr std::string_view kMeanings = "\"\\/\b\f\n\r\t";
+    if (const auto at = kLetters.find(c); at != std::string_view::npos) {
+      out.push_back(kMeanings[at]);
+      return true;
     }
+    if (c != 'u') return false;
     std::uint32_t code = 0;
     if (!hex4(code)) return false;
     if (code >= 0xDC00 && code <= 0xDFFF) return false;  // a low surrogate first
