@@ -69,13 +69,13 @@ class ConsumerChannel {
   }
   // A step boundary: the next drain() runs whatever the interval.
   void rearm_drain() noexcept { drain_pending_ = true; }
-  // Cancels `transfer_id` in the table and, unless its name is invented or no
-  // control client is configured, queues its cancel on every consumer shard.
+  // Cancels `transfer_id` in the table and, where the table says a cancel is due,
+  // on the consumer shards (cancel_on_shards).
   void queue_cancel(std::string_view transfer_id, TimePoint now, std::string_view mm_hash = {},
                     std::string_view request_id = {});
   // An orphan (TransferTable::drain_orphaned) has ended in the table: an expired one
   // becomes a cancelled tombstone, a failed one stays failed. Either is cancelled on
-  // the shards unless nothing can be left there (see queue_cancel).
+  // the shards unless nothing can be left there (see cancel_on_shards).
   void cancel_orphan(std::string_view transfer_id, TimePoint now);
   // Takes the outcome of the remote cancels that finished.
   void poll_pending_cancels();
@@ -108,7 +108,9 @@ class ConsumerChannel {
   // Whether every shard has now reported `event`'s transfer ready.
   bool note_shard_ready(const TransferEvent& event, TimePoint now);
   void forget_shard_readiness(std::string_view transfer_id);
-  // The remote half of queue_cancel: on every shard, unless no consumer can hold it.
+  // Queues a cancel of `transfer_id` on every consumer shard, unless no shard can hold
+  // anything of it (a name the scheduler invented, a transfer every rank's worker took)
+  // or no control client is configured; those end here, counted as local-only.
   void cancel_on_shards(std::string_view transfer_id);
 
   const CoordinatorOptions& options_;
