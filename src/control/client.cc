@@ -1,5 +1,8 @@
 #include "ecx/control/client.h"
 
+#include <poll.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -158,8 +161,7 @@ struct ControlClient::State {
   Result<wire::Reply> exchange_on_lane(Lane& lane, wire::RequestBody body, Duration timeout);
   // Ok once the lane's socket is ready for `events`; cancelled when closing; at the
   // deadline the call's timeout error (counted).
-  Status wait_on_lane(Lane& lane, std::vector<zmq_pollitem_t>& items, short events, TimePoint deadline, wire::Op op,
-                      Duration timeout, bool was_sent);
+  Status wait_on_lane(Lane& lane, short events, TimePoint deadline, wire::Op op, Duration timeout, bool was_sent);
   void close_lanes();
 
   void run() noexcept;
@@ -880,21 +882,37 @@ void ControlClient::State::close_lanes() {
   idle_lanes.clear();
 }
 
-Status ControlClient::State::wait_on_lane(Lane& lane, std::vector<zmq_pollitem_t>& items, short events,
-                                          TimePoint deadline, wire::Op op, Duration timeout, bool was_sent) {
-  items[0].events = events;
+Status ControlClient::State::wait_on_lane(Lane& lane, short events, TimePoint deadline, wire::Op op, Duration timeout,
+                                          bool was_sent) {
+  // The socket's ZMQ_FD and the close signal in one poll(2), not zmq_poll: zmq_poll
+  // reads the socket's state before and after a first zero-timeout pass and again
+  // after the wait, two system calls each, all on the round trip's critical path.
+  // The rule for ZMQ_FD: it only says "look again", so the state (ZMQ_EVENTS) is read
+  // before every sleep, and a wake that finds nothing sleeps again.
+  const auto failed = [] {
+    return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
+  };
+  int socket_fd = -1;
+  std::size_t size = sizeof socket_fd;
+  if (zmq_getsockopt(lane.socket.handle(), ZMQ_FD, &socket_fd, &size) != 0) return failed();
   for (;;) {
     if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
+    int ready = 0;
+    size = sizeof ready;
+    if (zmq_getsockopt(lane.socket.handle(), ZMQ_EVENTS, &ready, &size) != 0) {
+      if (zmq_errno() == EINTR) continue;
+      return failed();
+    }
+    if ((ready & events) != 0) return Status::ok();
     const TimePoint now = options.clock->now();
     if (now >= deadline) {
       timeouts.add();
       return timeout_error(timeout_text(lane.address, op, timeout, was_sent));
     }
-    if (detail::poll(items, detail::poll_timeout_ms(now, deadline, kMaxPollWait)) < 0) {
-      return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
-    }
-    if (items[1].revents & ZMQ_POLLIN) return cancelled("the control client is shutting down");
-    if (items[0].revents & events) return Status::ok();
+    pollfd fds[2] = {{socket_fd, POLLIN, 0}, {closing.fd(), POLLIN, 0}};
+    const long wait_ms = detail::poll_timeout_ms(now, deadline, kMaxPollWait);
+    if (::poll(fds, 2, static_cast<int>(wait_ms)) < 0 && errno != EINTR) return failed();
+    if ((fds[1].revents & POLLIN) != 0) return cancelled("the control client is shutting down");
   }
 }
 
@@ -918,16 +936,17 @@ Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::Req
   std::optional<wire::Mac> mac;
   if (security.enabled()) mac = security.authenticator->sign(wire::FrameKind::request, frame);
 
-  // Built once per call: the lane's socket and the close signal.
-  std::vector<zmq_pollitem_t> items{{lane.socket.handle(), 0, 0, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}};
   // A lane whose peer is down takes no frame (immediate): the request waits here,
   // as it would in the I/O thread's outbox, until it can go or its deadline passes.
   while (!detail::send_frames(lane.socket, nullptr, frame, mac ? &*mac : nullptr)) {
-    if (Status ready = wait_on_lane(lane, items, ZMQ_POLLOUT, deadline, op, timeout, false); !ready) return ready;
+    if (Status ready = wait_on_lane(lane, ZMQ_POLLOUT, deadline, op, timeout, false); !ready) return ready;
   }
   sent[static_cast<std::size_t>(op)].add();
 
   for (;;) {
+    // Waits first: a reply cannot be queued this soon after the send, so a receive
+    // here would only fail (the wait still returns at once for a late one queued).
+    if (Status ready = wait_on_lane(lane, ZMQ_POLLIN, deadline, op, timeout, true); !ready) return ready;
     for (std::size_t n = 0; n < kMaxRepliesPerTurn; ++n) {
       auto message = detail::receive(lane.socket, 2);
       if (!message) break;
@@ -941,7 +960,6 @@ Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::Req
       // A late reply to an earlier call of this lane, which timed out.
       if (checked.reply) unmatched_replies.add();
     }
-    if (Status ready = wait_on_lane(lane, items, ZMQ_POLLIN, deadline, op, timeout, true); !ready) return ready;
   }
 }
 
