@@ -324,9 +324,9 @@ struct ConsumerSim::State {
     bool wants_answer = false;         // the producer waits for this request's outcome (max_unresolved)
     std::string params_text;           // ec_transfer_params as forwarded, until ECX reads them
   };
-  std::map<std::string, Pending> pending;          // admitted, not yet resolved
-  std::vector<std::string> order;                  // admission order of `pending`
-  std::unordered_map<std::string, int> allocated;  // encoder-cache entries by hash: users
+  std::unordered_map<std::string, Pending> pending;  // admitted, not yet resolved
+  std::vector<std::string> order;                    // admission order of `pending`
+  std::unordered_map<std::string, int> allocated;    // encoder-cache entries by hash: users
   std::vector<std::string> to_free;
   ConsumerResult result;
   bool producer_done = false;

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/connector/scheduler/types.h"
 
@@ -32,28 +33,32 @@ inline std::string fallback_id(const RequestView& request, std::size_t index) {
   return fmt::format("{}:{}", request.request_id, index);
 }
 
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
-using StringSet = std::unordered_set<std::string, StringHash, std::equal_to<>>;
+using StringSet = IdSet;
 // emplace builds the node (a string allocation) before it finds the key is there;
 // has_cache_item asks the same identifiers step after step.
 inline void insert_once(StringSet& set, std::string_view key) {
   if (!set.contains(key)) set.emplace(key);
 }
 template <typename V>
-using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+using StringMap = IdMap<V>;
 
 // Ids remembered up to a bound, the oldest forgotten first.
 class RecentIds {
  public:
+  RecentIds() = default;
+  // order_ views ids_'s nodes: a copy would view the original's.
+  RecentIds(const RecentIds&) = delete;
+  RecentIds& operator=(const RecentIds&) = delete;
+  RecentIds(RecentIds&&) noexcept = default;
+  RecentIds& operator=(RecentIds&&) noexcept = default;
+
   // False when `id` is remembered already.
   bool insert(const std::string& id, std::size_t bound) {
-    if (!ids_.insert(id).second) return false;
-    order_.push_back(id);
+    const auto [at, added] = ids_.insert(id);
+    if (!added) return false;
+    order_.push_back(*at);
     while (order_.size() > bound) {
-      ids_.erase(order_.front());
+      ids_.erase(ids_.find(order_.front()));
       order_.pop_front();
     }
     return true;
@@ -62,7 +67,9 @@ class RecentIds {
 
  private:
   StringSet ids_;
-  std::deque<std::string> order_;
+  // Views of ids_'s keys (a set's elements stay put when it rehashes), oldest first:
+  // each id is stored once.
+  std::deque<std::string_view> order_;
 };
 
 }  // namespace ecx::scheduler::detail
