@@ -1,8 +1,5 @@
 #include "ecx/control/client.h"
 
-#include <poll.h>
-
-#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -884,35 +881,19 @@ void ControlClient::State::close_lanes() {
 
 Status ControlClient::State::wait_on_lane(Lane& lane, short events, TimePoint deadline, wire::Op op, Duration timeout,
                                           bool was_sent) {
-  // The socket's ZMQ_FD and the close signal in one poll(2), not zmq_poll: zmq_poll
-  // reads the socket's state before and after a first zero-timeout pass and again
-  // after the wait, two system calls each, all on the round trip's critical path.
-  // The rule for ZMQ_FD: it only says "look again", so the state (ZMQ_EVENTS) is read
-  // before every sleep, and a wake that finds nothing sleeps again.
-  const auto failed = [] {
-    return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
-  };
-  int socket_fd = -1;
-  std::size_t size = sizeof socket_fd;
-  if (zmq_getsockopt(lane.socket.handle(), ZMQ_FD, &socket_fd, &size) != 0) return failed();
+  std::vector<zmq_pollitem_t> items{{lane.socket.handle(), 0, events, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}};
   for (;;) {
     if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
-    int ready = 0;
-    size = sizeof ready;
-    if (zmq_getsockopt(lane.socket.handle(), ZMQ_EVENTS, &ready, &size) != 0) {
-      if (zmq_errno() == EINTR) continue;
-      return failed();
-    }
-    if ((ready & events) != 0) return Status::ok();
     const TimePoint now = options.clock->now();
     if (now >= deadline) {
       timeouts.add();
       return timeout_error(timeout_text(lane.address, op, timeout, was_sent));
     }
-    pollfd fds[2] = {{socket_fd, POLLIN, 0}, {closing.fd(), POLLIN, 0}};
-    const long wait_ms = detail::poll_timeout_ms(now, deadline, kMaxPollWait);
-    if (::poll(fds, 2, static_cast<int>(wait_ms)) < 0 && errno != EINTR) return failed();
-    if ((fds[1].revents & POLLIN) != 0) return cancelled("the control client is shutting down");
+    if (detail::poll(items, detail::poll_timeout_ms(now, deadline, kMaxPollWait)) < 0) {
+      return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
+    }
+    if (items[1].revents & ZMQ_POLLIN) return cancelled("the control client is shutting down");
+    if (items[0].revents & events) return Status::ok();
   }
 }
 

@@ -75,7 +75,8 @@ std::string bind_address(std::string_view host, int port);
 // Milliseconds until `deadline`, clamped to [0, cap].
 long poll_timeout_ms(TimePoint now, std::optional<TimePoint> deadline, std::chrono::milliseconds cap);
 
-// zmq_poll that treats EINTR as "nothing ready".
+// zmq_poll's contract (revents set, the count of ready items returned, -1 on an
+// error, EINTR read as "nothing ready"), with fewer system calls per wait.
 int poll(std::vector<zmq_pollitem_t>& items, long timeout_ms);
 
 }  // namespace ecx::control::detail
