@@ -88,7 +88,7 @@ struct Config {
   bool prefault = false;
   bool zero_copy_loads = false;  // host loads hand the engine a view of the landed slot
   bool zero_copy_saves = false;  // host outputs are sent from the engine's memory, not a staging copy
-  std::uint64_t zero_copy_saves_min_bytes = 1ULL << 20;  // smaller outputs are copied (registering costs more)
+  std::uint64_t zero_copy_saves_min_bytes = 1ULL << 20;  // smaller outputs are copied (lending gains nothing)
 
   bool is_producer() const noexcept { return role != Role::consumer; }
   bool is_consumer() const noexcept { return role != Role::producer; }
