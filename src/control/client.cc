@@ -1,5 +1,6 @@
 #include "ecx/control/client.h"
 
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -65,6 +66,9 @@ struct ControlClient::State {
     zmq::socket_t socket;
     std::optional<wire::StampIssuer> stamps;
     std::optional<wire::ReplayGuard> replay;
+    // A lane's encoded request: its capacity is kept from call to call (encoding into
+    // a fresh string grew it four times per reserve).
+    std::string frame;
   };
   using Lane = Connection;
   struct Peer : Connection {
@@ -881,7 +885,7 @@ void ControlClient::State::close_lanes() {
 
 Status ControlClient::State::wait_on_lane(Lane& lane, short events, TimePoint deadline, wire::Op op, Duration timeout,
                                           bool was_sent) {
-  std::vector<zmq_pollitem_t> items{{lane.socket.handle(), 0, events, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}};
+  std::array<zmq_pollitem_t, 2> items{{{lane.socket.handle(), 0, events, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}}};
   for (;;) {
     if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
     const TimePoint now = options.clock->now();
@@ -907,7 +911,7 @@ Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::Req
 
   std::optional<wire::AuthStamp> stamp;
   if (lane.stamps) stamp = lane.stamps->next();
-  std::string frame;
+  std::string& frame = lane.frame;
   wire::encode_request(request, stamp ? &*stamp : nullptr, frame);
   if (frame.size() > options.limits.max_frame_bytes) {
     rejected_calls.add();

@@ -53,6 +53,7 @@ std::optional<Message> receive(zmq::socket_t& socket, std::size_t keep) {
   zmq::message_t part;
   if (!socket.recv(part, zmq::recv_flags::dontwait)) return std::nullopt;
   Message message;
+  message.parts.reserve(keep);  // one allocation, not one per part kept
   for (;;) {
     ++message.total_parts;
     const bool more = part.more();
@@ -152,14 +153,14 @@ short from_poll_events(short revents) {
   return out;
 }
 
-int failed_poll(std::vector<zmq_pollitem_t>& items) {
+int failed_poll(std::span<zmq_pollitem_t> items) {
   for (auto& item : items) item.revents = 0;
   return errno == EINTR ? 0 : -1;
 }
 
 }  // namespace
 
-int poll(std::vector<zmq_pollitem_t>& items, long timeout_ms) {
+int poll(std::span<zmq_pollitem_t> items, long timeout_ms) {
   // zmq_poll's contract, with fewer system calls on the way to a wake: zmq_poll reads
   // every socket's state (a getpid and a zero-timeout poll of its mailbox each) in a
   // first zero-timeout pass of its own and again after the wait. Here each socket's

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +78,6 @@ long poll_timeout_ms(TimePoint now, std::optional<TimePoint> deadline, std::chro
 
 // zmq_poll's contract (revents set, the count of ready items returned, -1 on an
 // error, EINTR read as "nothing ready"), with fewer system calls per wait.
-int poll(std::vector<zmq_pollitem_t>& items, long timeout_ms);
+int poll(std::span<zmq_pollitem_t> items, long timeout_ms);
 
 }  // namespace ecx::control::detail

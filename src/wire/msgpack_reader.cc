@@ -65,7 +65,27 @@ Result<ErrorFields> read_error(const Obj& o, const std::string& path, const Limi
   return out;
 }
 
-Result<msgpack::object_handle> parse_frame(std::string_view frame, const Limits& limits, Envelope* envelope) {
+namespace {
+
+// One emptied zone per thread, kept between frames (see ParsedFrame).
+thread_local std::unique_ptr<msgpack::zone> spare_zone;
+
+std::unique_ptr<msgpack::zone> take_zone() {
+  if (spare_zone) return std::move(spare_zone);
+  return std::make_unique<msgpack::zone>();
+}
+
+}  // namespace
+
+ParsedFrame::~ParsedFrame() {
+  if (!zone_ || spare_zone) return;  // a second zone alive on this thread is simply freed
+  // Frees every chunk but the first. The tree registered no finalizers: its strings
+  // and binaries reference the frame.
+  zone_->clear();
+  spare_zone = std::move(zone_);
+}
+
+Result<ParsedFrame> parse_frame(std::string_view frame, const Limits& limits, Envelope* envelope) {
   auto refuse = [&](RejectReason reason, std::string message) -> Status {
     if (envelope) envelope->reason = reason;
     return protocol_error(std::move(message));
@@ -79,13 +99,14 @@ Result<msgpack::object_handle> parse_frame(std::string_view frame, const Limits&
                                      limits.max_string_bytes, limits.max_binary_bytes, /*ext=*/0, limits.max_depth);
   try {
     std::size_t offset = 0;
-    msgpack::object_handle handle = msgpack::unpack(
-        frame.data(), frame.size(), offset, [](msgpack::type::object_type, std::size_t, void*) { return true; },
+    auto zone = take_zone();
+    const msgpack::object root = msgpack::unpack(
+        *zone, frame.data(), frame.size(), offset, [](msgpack::type::object_type, std::size_t, void*) { return true; },
         nullptr, bounds);
     if (offset != frame.size()) {
       return refuse(RejectReason::malformed, fmt::format("{} trailing bytes after the message", frame.size() - offset));
     }
-    return handle;
+    return ParsedFrame(root, std::move(zone));
   } catch (const msgpack::depth_size_overflow&) {
     return refuse(RejectReason::malformed, fmt::format("nesting deeper than {}", limits.max_depth));
   } catch (const msgpack::size_overflow& e) {
