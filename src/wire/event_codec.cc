@@ -137,7 +137,7 @@ Result<Event> decode_event(std::string_view frame, const Limits& limits, Envelop
     e.generation = *generation;
     auto spec = read_spec(b, 4, 5, 6);
     if (!spec) return malformed(env, spec.status());
-    e.spec = std::move(*spec);
+    e.spec = *spec;
     if (b.has(8)) {
       auto sent = b.u64(8);
       if (!sent) return malformed(env, sent.status());

@@ -347,7 +347,7 @@ Result<ReplyBody> read_reply_body(Op op, const Obj& body, const Limits& limits) 
       if (f.has(5) || f.has(6) || f.has(7)) {
         auto spec = read_spec(f, 5, 6, 7);
         if (!spec) return spec.status();
-        r.spec = std::move(*spec);
+        r.spec = *spec;
       }
       return ReplyBody{std::move(r)};
     }

@@ -123,7 +123,7 @@ Result<ReserveItem> read_item(const Obj& o, std::uint32_t index) {
     WIRE_ASSIGN(value, f.u64(5));
     checksum = value;
   }
-  return ReserveItem{std::string(transfer_id), std::string(mm_hash), std::move(*spec), checksum};
+  return ReserveItem{std::string(transfer_id), std::string(mm_hash), *spec, checksum};
 }
 
 // One cancel: the body of `cancel`, or one item of `cancel_batch` (path names it).
