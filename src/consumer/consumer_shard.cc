@@ -242,7 +242,7 @@ class ShardHandler final : public control::ControlHandler {
       reply.mm_hash = std::move(record->mm_hash);
       reply.reservation_id = record->reservation_id;
       reply.generation = record->generation;
-      reply.spec = std::move(record->spec);
+      reply.spec = record->spec;
     }
     return reply;
   }

@@ -36,7 +36,7 @@ SlotLease::SlotLease(std::shared_ptr<detail::ReservationCore> core, std::uint64_
       entry_id_(entry_id),
       data_(data),
       offset_(offset),
-      spec_(std::move(spec)),
+      spec_(spec),
       mm_hash_(std::move(mm_hash)) {}
 
 SlotLease::SlotLease(SlotLease&& other) noexcept
@@ -44,7 +44,7 @@ SlotLease::SlotLease(SlotLease&& other) noexcept
       entry_id_(other.entry_id_),
       data_(other.data_),
       offset_(other.offset_),
-      spec_(std::move(other.spec_)),
+      spec_(other.spec_),
       mm_hash_(std::move(other.mm_hash_)) {
   other.core_.reset();
   other.data_ = nullptr;
@@ -57,7 +57,7 @@ SlotLease& SlotLease::operator=(SlotLease&& other) noexcept {
     entry_id_ = other.entry_id_;
     data_ = other.data_;
     offset_ = other.offset_;
-    spec_ = std::move(other.spec_);
+    spec_ = other.spec_;
     mm_hash_ = std::move(other.mm_hash_);
     other.core_.reset();
     other.data_ = nullptr;

@@ -72,7 +72,7 @@ Result<DecodedHeader> decode_entry_header(std::string_view value, std::string_vi
   for (std::size_t i = 0; i < rank; ++i) {
     shape[i] = get<std::int64_t>(value, kFixedBytes + model_len + i * sizeof(std::int64_t));
   }
-  auto spec = TensorSpec::make(std::move(shape), all_dtypes()[dtype_code], max_nbytes);
+  auto spec = TensorSpec::make(shape, all_dtypes()[dtype_code], max_nbytes);
   if (!spec) return protocol_error("entry shape is invalid: " + spec.status().message());
   if (spec->nbytes() != nbytes) {
     return protocol_error(fmt::format("entry says {} bytes but its shape makes {}", nbytes, spec->nbytes()));
@@ -81,7 +81,7 @@ Result<DecodedHeader> decode_entry_header(std::string_view value, std::string_vi
     return protocol_error(fmt::format("entry holds {} payload bytes, its header says {} (truncated)",
                                       value.size() - header_bytes, nbytes));
   }
-  return DecodedHeader{std::move(*spec), checksum, header_bytes};
+  return DecodedHeader{*spec, checksum, header_bytes};
 }
 
 Result<Entry> check_and_land(std::string_view value, std::string_view model, std::uint64_t max_nbytes,

@@ -33,7 +33,7 @@ bool Publisher::offer(std::string mm_hash, TensorSpec spec, std::vector<std::byt
     }
     counters_.pending_items += 1;
     counters_.pending_bytes += payload.size();
-    pending_.push_back(Item{std::move(mm_hash), std::move(spec), std::move(payload)});
+    pending_.push_back(Item{std::move(mm_hash), spec, std::move(payload)});
   }
   changed_.notify_all();
   return true;

@@ -73,9 +73,9 @@ Result<Item> item_of(const Obj& o) {
     if ((*dims)->ptr[i].type != msgpack::type::POSITIVE_INTEGER) return bad("a shape's dimensions must be positive");
     shape.push_back(static_cast<std::int64_t>((*dims)->ptr[i].via.u64));
   }
-  auto spec = TensorSpec::make(std::move(shape), *dtype, ~0ULL);
+  auto spec = TensorSpec::make(shape, *dtype, ~0ULL);
   if (!spec) return spec.status();
-  return Item{std::move(*mm_hash), std::move(*transfer_id), std::move(*spec)};
+  return Item{std::move(*mm_hash), std::move(*transfer_id), *spec};
 }
 
 // The message's array and its kind; `handle` keeps what they point into alive.

@@ -92,7 +92,7 @@ std::vector<SimRequest> make_workload(const WorkloadOptions& o) {
         shape = {rows, o.hidden};
       }
       Item item{fmt::format("{}-img-{:08x}-{}", o.id_prefix, o.seed & 0xffffffffULL, image_counter++), transfer_id,
-                TensorSpec::make(std::move(shape), o.dtype, ~0ULL).value()};
+                TensorSpec::make(shape, o.dtype, ~0ULL).value()};
       seen.emplace_back(item.mm_hash, item.spec);
       request.items.push_back(std::move(item));
     }

@@ -157,7 +157,7 @@ class ClientConsumerControl final : public scheduler::ConsumerControl {
   Result<ShardTransfer> transfer_status(const std::string& shard_address, const std::string& transfer_id) override {
     auto reply = client_->status(shard_address, transfer_id, timeout_);
     if (!reply) return reply.status();
-    return ShardTransfer{reply->found, std::move(reply->state), std::move(reply->mm_hash), std::move(reply->spec),
+    return ShardTransfer{reply->found, std::move(reply->state), std::move(reply->mm_hash), reply->spec,
                          reply->reservation_id};
   }
   // Shutdown: the calls in flight (a shard that is gone answers nothing) end now.
