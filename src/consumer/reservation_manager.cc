@@ -76,7 +76,7 @@ void SlotLease::release() noexcept {
 
 // ---------------------------------------------------------------- ReservationManager
 
-ReservationManager::ReservationManager(ReservationOptions options, std::shared_ptr<const Clock> clock)
+ReservationManager::ReservationManager(const ReservationOptions& options, std::shared_ptr<const Clock> clock)
     : core_(std::make_shared<detail::ReservationCore>(options, std::move(clock))) {}
 
 ReservationManager::~ReservationManager() = default;

@@ -11,7 +11,7 @@ PresenceIndex::PresenceIndex(std::shared_ptr<EmbeddingStore> lookups, std::uniqu
                              PresenceOptions options)
     : store_(std::move(lookups)),
       feed_(std::move(feed)),
-      options_(options),
+      options_(std::move(options)),
       clock_(options_.clock ? options_.clock : SteadyClock::shared()),
       confirmer_([this] {
         name_this_thread("ecx-store-conf");

@@ -104,7 +104,7 @@ struct DrainReport {
 
 class ReservationManager {
  public:
-  ReservationManager(ReservationOptions options, std::shared_ptr<const Clock> clock);
+  ReservationManager(const ReservationOptions& options, std::shared_ptr<const Clock> clock);
   ~ReservationManager();
   ReservationManager(const ReservationManager&) = delete;
   ReservationManager& operator=(const ReservationManager&) = delete;
