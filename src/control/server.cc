@@ -1,6 +1,7 @@
 #include "ecx/control/server.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -315,18 +316,18 @@ void ControlServer::State::run() noexcept {
 
 void ControlServer::State::serve() {
   bool events_blocked = false;
-  std::vector<zmq_pollitem_t> items;
-  items.reserve(3);
+  std::array<zmq_pollitem_t, 3> items{};
   while (!stopping.load(std::memory_order_acquire)) {
     bool have_events = false;
     {
       std::lock_guard lock(events_mutex);
       have_events = !events.empty();
     }
-    items.assign({{router.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wakeup.fd(), ZMQ_POLLIN, 0}});
-    // The event socket only while its queue is full: zmq_poll asks every socket it is
-    // given for its state, two system calls each per pass, two passes per wait.
-    if (have_events && events_blocked) items.push_back({push.handle(), 0, ZMQ_POLLOUT, 0});
+    // The event socket asks for nothing unless its queue is full (detail::poll then
+    // leaves it alone).
+    items = {{{router.handle(), 0, ZMQ_POLLIN, 0},
+              {nullptr, wakeup.fd(), ZMQ_POLLIN, 0},
+              {push.handle(), 0, static_cast<short>(have_events && events_blocked ? ZMQ_POLLOUT : 0), 0}}};
     // Wake for the tick, or for the end of the first hold (the oldest ends first).
     TimePoint wake_at = next_tick;
     if (!held.empty()) wake_at = std::min(wake_at, held.front().until);

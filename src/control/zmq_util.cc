@@ -182,8 +182,8 @@ int poll(std::span<zmq_pollitem_t> items, long timeout_ms) {
         fds[i] = {item.fd, to_poll_events(item.events), 0};
         continue;
       }
-      fds[i] = {-1, 0, 0};  // a negative fd is skipped by poll(2)
-      if (item.events == 0) continue;
+      fds[i] = {-1, 0, 0};             // a negative fd is skipped by poll(2)
+      if (item.events == 0) continue;  // asks for nothing: neither read nor polled
       if (first) {
         const int events = socket_events(item.socket, item.events);
         if (events < 0) return failed_poll(items);

@@ -19,7 +19,7 @@
 
 namespace ecx::control::detail {
 
-// An eventfd another thread writes to wake a zmq_poll loop. Redundant notifications
+// An eventfd another thread writes to wake a poll loop (detail::poll). Redundant notifications
 // collapse into one (the flag avoids a syscall per publish while one is pending).
 class Wakeup {
  public:
