@@ -340,6 +340,16 @@ struct ConsumerSim::State {
     std::uint64_t mismatches = 0;
     std::optional<worker::WorkerMeta> meta;
     std::uint64_t sim_ns = 0;  // the simulator's own work: cache allocation and content checks
+
+    // Emptied, not replaced, at each step: a fresh map grew (and rehashed) again in
+    // every step.
+    void reset() {
+      loaded_at.clear();
+      bad.clear();
+      mismatches = 0;
+      meta.reset();
+      sim_ns = 0;
+    }
   };
   std::vector<RankStep> rank_steps;
   // The simulator's own CPU time, sampled (thread_cpu.h): the engine thread's and each
@@ -535,7 +545,7 @@ struct ConsumerSim::State {
   void load_rank(std::size_t rank, const scheduler::ConnectorMeta& meta, const std::vector<const Item*>& used) {
     auto& cache = caches[rank];
     auto& rs = rank_steps[rank];
-    rs = RankStep{};
+    rs.reset();
     for (const auto& h : meta.freed) cache.erase(h);
     std::uint64_t sim_ns = 0;
     auto& sampler = rank_cpu[rank];
@@ -890,6 +900,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   std::vector<std::byte> buffer;
   std::size_t next = 0;
   std::vector<const SimRequest*> deferred;
+  std::vector<std::string> encoder_frees;  // entries of requests that finished: freed in the next step
   result.rounds = 1;
   while (o.clock->now() < deadline && !(stop && stop->load())) {
     if (next >= workload.size() && o.clock->now() - started < o.run_for) {
@@ -977,7 +988,19 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       for (std::size_t i = 0; i < r->items.size(); ++i) scheduler.update_state_after_alloc(view, i);
       views.push_back(std::move(view));
     }
-    const auto meta = scheduler.build_connector_meta({});
+    // The encoder cache frees its finished requests' entries (their outputs are handed
+    // to ECX) in the next step, as vLLM's does, unless a request of this step
+    // allocated them again. Never freed, the producer's gate kept every hash of the
+    // run: one set entry per item, and rehashes of ~1 ms that stalled the engine.
+    scheduler::StepView step;
+    std::erase_if(encoder_frees, [&](const std::string& h) {
+      return std::any_of(batch.begin(), batch.end(), [&](const SimRequest* r) {
+        return std::any_of(r->items.begin(), r->items.end(), [&](const Item& item) { return item.mm_hash == h; });
+      });
+    });
+    step.free_encoder_mm_hashes = std::move(encoder_frees);
+    encoder_frees.clear();
+    const auto meta = scheduler.build_connector_meta(step);
     worker.start_save_caches(meta);
     // The store loads land in encoder-cache entries the engine allocates, then are
     // bound to their pushes like encoded outputs.
@@ -1031,6 +1054,11 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     worker.get_finished(finished);
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const auto params = scheduler.request_finished(views[b]);
+      for (const auto& item : batch[b]->items) {
+        if (std::find(encoder_frees.begin(), encoder_frees.end(), item.mm_hash) == encoder_frees.end()) {
+          encoder_frees.push_back(item.mm_hash);
+        }
+      }
       auto admitting = sim_cpu.start();
       // Paced by the outcomes (max_unresolved): the consumer answers each.
       const auto text =
