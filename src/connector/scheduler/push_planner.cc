@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "connector/scheduler/transfer_params_json.h"
 
 namespace ecx::scheduler {
 
@@ -53,30 +53,6 @@ void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
   pushes_ = {};
   pushes_.reserve(meta.pushes.size());
 }
-
-namespace {
-
-// Text a JSON string carries as it is: printable ASCII other than a quote or a
-// backslash (every validated id, ids.h). Anything else goes through nlohmann's
-// escaping (and its UTF-8 check).
-bool plain_json_text(std::string_view text) {
-  return std::all_of(text.begin(), text.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return u >= 0x20 && u < 0x7f && c != '"' && c != '\\';
-  });
-}
-
-void append_json_string(std::string& out, std::string_view text) {
-  if (plain_json_text(text)) {
-    out += '"';
-    out += text;
-    out += '"';
-  } else {
-    out += nlohmann::json(std::string(text)).dump();
-  }
-}
-
-}  // namespace
 
 std::optional<std::string> PushPlanner::finish(const RequestView& request) {
   if (!options_.is_producer || request.mm_features.empty()) {

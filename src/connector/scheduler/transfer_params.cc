@@ -378,6 +378,20 @@ void store_params(RequestView& request, std::optional<ParamsDoc> doc) {
 
 void set_ec_transfer_params(RequestView& request, const nlohmann::json& value) { store_params(request, doc_of(value)); }
 
+void append_json_string(std::string& out, std::string_view text) {
+  const bool plain = std::all_of(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x7f && c != '"' && c != '\\';
+  });
+  if (plain) {
+    out += '"';
+    out += text;
+    out += '"';
+  } else {
+    out += nlohmann::json(std::string(text)).dump();
+  }
+}
+
 void RequestView::set_ec_transfer_params_text(std::string_view json_text) { store_params(*this, read_doc(json_text)); }
 
 }  // namespace ecx::scheduler

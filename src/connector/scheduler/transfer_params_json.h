@@ -4,6 +4,9 @@
 // (parse_ec_transfer_params_text, RequestView::set_ec_transfer_params_text) so that
 // they expose no JSON library; the rules are the same.
 
+#include <string>
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "ecx/connector/scheduler/transfer_params.h"
@@ -18,5 +21,12 @@ Result<EcTransferParams> parse_ec_transfer_params(const nlohmann::json& value);
 // Parses and stores `request`'s ec_transfer_params (JSON null = none). Never
 // throws; a malformed value is recorded in request.ec_transfer_params_error.
 void set_ec_transfer_params(RequestView& request, const nlohmann::json& value);
+
+// Appends `text` to `out` as a JSON string, for params written as text directly: a
+// JSON tree built and dumped once per request cost more than the work around it (the
+// producer's request_finished, the engine simulator's params). Printable ASCII with
+// no quote or backslash (every validated id, ids.h) goes in as it is; anything else
+// through nlohmann's escaping (and its UTF-8 check).
+void append_json_string(std::string& out, std::string_view text);
 
 }  // namespace ecx::scheduler
