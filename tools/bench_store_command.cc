@@ -124,14 +124,14 @@ class PushPath {
       self->landing_status_ = status;
       self->changed_.notify_all();
     };
-    auto receiver = transport::create_data_plane(config, clock_, transport::DataPlaneRole::receiver, std::move(hooks));
+    auto receiver = transport::create_data_plane(config, p->clock_, transport::DataPlaneRole::receiver, std::move(hooks));
     if (!receiver) return receiver.status();
     p->receiver_ = std::move(*receiver);
     auto rx_region = p->receiver_->register_region(p->rx_->data(), p->rx_->size(), transport::MemoryKind::host);
     if (!rx_region) return rx_region.status();
     auto address = p->receiver_->listen("127.0.0.1", 0);
     if (!address) return address.status();
-    auto sender = transport::create_data_plane(config, clock_, transport::DataPlaneRole::sender);
+    auto sender = transport::create_data_plane(config, p->clock_, transport::DataPlaneRole::sender);
     if (!sender) return sender.status();
     p->sender_ = std::move(*sender);
     auto tx_region = p->sender_->register_region(p->tx_->data(), p->tx_->size(), transport::MemoryKind::host);
@@ -171,7 +171,7 @@ class PushPath {
   }
 
  private:
-  inline static const std::shared_ptr<const ecx::Clock> clock_ = SteadyClock::shared();
+  const std::shared_ptr<const ecx::Clock> clock_ = SteadyClock::shared();
   std::mutex mutex_;
   std::condition_variable changed_;
   bool landed_ = false;
