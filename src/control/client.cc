@@ -385,8 +385,13 @@ void ControlClient::State::discover(const std::string& base, Duration timeout, c
       discover(base, timeout, done, attempt + 1);
       return;
     }
-    discoveries_failed.add();
-    log->warn("EC consumer at {} did not report its shards: {}", base, why.message());
+    if (stopping.load(std::memory_order_acquire)) {
+      // Closed while asking: expected at shutdown, and no fault of the consumer's.
+      log->info("discovery of {} ended: the control client is closing", base);
+    } else {
+      discoveries_failed.add();
+      log->warn("EC consumer at {} did not report its shards: {}", base, why.message());
+    }
     done(unavailable(fmt::format("could not discover every EC consumer shard at {}: {}", base, why.message())));
   };
   submit(base, wire::HelloRequest{options.name}, timeout,

@@ -375,6 +375,20 @@ TEST(ControlDiscovery, FindsEveryShardAndCachesOnSuccessOnly) {
   EXPECT_EQ(client->counters().discoveries_failed, 1u);
 }
 
+TEST(ControlDiscovery, ADiscoveryThatCloseEndsIsNotCountedAsAFailure) {
+  HandDrivenRouter router;  // takes the hello and never answers
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  std::promise<Status> ended;
+  client->discover_async(router.address, 60s,
+                         [&ended](Result<Topology> topology) { ended.set_value(topology.status()); });
+  ASSERT_TRUE(router.next_request().has_value()) << "the hello is in flight";
+  client->close();
+  auto outcome = ended.get_future();
+  ASSERT_EQ(outcome.wait_for(10s), std::future_status::ready) << "close() ends the discovery, not its 60 s deadline";
+  EXPECT_FALSE(outcome.get().is_ok());
+  EXPECT_EQ(client->counters().discoveries_failed, 0u) << "a shutdown is no consumer's failure";
+}
+
 // A handler whose cancels may run on any thread, recording the thread each ran on.
 // `hold` makes the next cancel wait (bounded) until released.
 class AnywhereHandler : public TestHandler {
