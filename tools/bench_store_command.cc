@@ -124,7 +124,8 @@ class PushPath {
       self->landing_status_ = status;
       self->changed_.notify_all();
     };
-    auto receiver = transport::create_data_plane(config, p->clock_, transport::DataPlaneRole::receiver, std::move(hooks));
+    auto receiver =
+        transport::create_data_plane(config, p->clock_, transport::DataPlaneRole::receiver, std::move(hooks));
     if (!receiver) return receiver.status();
     p->receiver_ = std::move(*receiver);
     auto rx_region = p->receiver_->register_region(p->rx_->data(), p->rx_->size(), transport::MemoryKind::host);
