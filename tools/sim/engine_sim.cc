@@ -1020,7 +1020,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     // The encoder cache frees its finished requests' entries (their outputs are handed
     // to ECX) in the next step, as vLLM's does, unless a request of this step
     // allocated them again. Never freed, the producer's gate kept every hash of the
-    // run: one set entry per item, and rehashes of ~1 ms that stalled the engine.
+    // run: one set entry per item, and rehashes of the whole set inside a phase.
     scheduler::StepView step;
     std::erase_if(encoder_frees, [&](const std::string& h) {
       return std::any_of(batch.begin(), batch.end(), [&](const SimRequest* r) {
