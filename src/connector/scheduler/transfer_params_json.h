@@ -1,6 +1,7 @@
 #pragma once
 // ec_transfer_params from an already parsed JSON value, for the callers that hold
-// one (the engine simulators, tests, fuzzers). The public headers take JSON text
+// one (the engine simulators, tests, fuzzers), and the string writer of the callers
+// that write params as text. The public headers take JSON text
 // (parse_ec_transfer_params_text, RequestView::set_ec_transfer_params_text) so that
 // they expose no JSON library; the rules are the same.
 
