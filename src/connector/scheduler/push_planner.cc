@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "connector/scheduler/transfer_params_json.h"
+#include "ecx/core/ids.h"
 
 namespace ecx::scheduler {
 
@@ -163,6 +164,14 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
     }
     ++it->second.requests;  // the same encoding named twice: one push serves both
     mine.emplace_back(transfer_id);
+    return;
+  }
+  // Refused here, naming the field, rather than by the consumer's reserve after the
+  // encoder ran and the output was staged.
+  if (Status valid = validate_mm_hash(feature.identifier); !valid) {
+    coordinator_logger()->warn("EC cannot push item {} of request {}: {}", index, shorten(request.request_id),
+                               valid.message());
+    failures_.mark(request.request_id);
     return;
   }
   auto spec = output_spec(feature);

@@ -388,7 +388,10 @@ void append_json_string(std::string& out, std::string_view text) {
     out += text;
     out += '"';
   } else {
-    out += nlohmann::json(std::string(text)).dump();
+    // Bytes that are not UTF-8 (an engine's identifier is not validated) become
+    // U+FFFD rather than an exception out of the engine's request_finished: such a
+    // name matches no valid id at the consumer, which then treats the item as missing.
+    out += nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 }
 

@@ -199,5 +199,26 @@ TEST(PushPlanner, FinishWritesItsParamsAsSortedEscapedJsonText) {
   EXPECT_FALSE(params.at("h").contains("transfer_id")) << *text;
 }
 
+// An engine's identifier is not validated on the way in: one that is no valid mm_hash
+// is refused when its push is planned (the request fails, nothing is pushed), and one
+// that is not even UTF-8 is still written as JSON rather than thrown out of finish().
+TEST(PushPlanner, AnIdentifierThatIsNoValidMmHashIsNotPushedAndItsRequestFails) {
+  Planner p;
+  auto r = request("r1", {"ok", "has space", std::string("bad\xff")}, {"t0", "t1", "t2"}, "tcp://c:1");
+  p.planner.plan_uncomputed(r, 0);
+  const auto meta = p.step();
+  ASSERT_EQ(meta.pushes.size(), 1u);
+  EXPECT_EQ(meta.pushes[0].mm_hash, "ok");
+  EXPECT_EQ(p.failures.take({}), std::vector<std::string>{"r1"});
+
+  std::optional<std::string> text;
+  ASSERT_NO_THROW(text = p.planner.finish(r));
+  ASSERT_TRUE(text);
+  const auto params = nlohmann::json::parse(*text);
+  EXPECT_EQ(params.at("ec_items").size(), 1u) << *text;
+  EXPECT_EQ(params.at("has space").at("transfer_id"), "t1") << *text;
+  EXPECT_EQ(params.at("bad\xef\xbf\xbd").at("item_indices"), nlohmann::json::array({2})) << *text;
+}
+
 }  // namespace
 }  // namespace ecx::scheduler
