@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -12,11 +11,13 @@
 #include <unordered_map>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "core/logging.h"
 #include "ecx/control/client.h"
+#include "ecx/core/node_stash.h"
 #include "ecx/core/stages.h"
 #include "ecx/core/thread_name.h"
 #include "ecx/transport/factory.h"
@@ -34,6 +35,8 @@ constexpr std::size_t kInboxMax = 1 << 20;
 // engine gets its memory back regardless (the data plane cancels such sends).
 constexpr std::size_t kMaxLentParked = 4096;
 constexpr Duration kIdleWakeup = std::chrono::milliseconds(100);
+// Inbox buffers up to this many items keep their memory between passes.
+constexpr std::size_t kKeptBatchCapacity = 4096;
 constexpr std::size_t kMaxAwaitingTopology = 65'536;
 
 struct SubmitCommand {
@@ -123,7 +126,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   mutable std::mutex inbox_mutex;
   mutable std::condition_variable inbox_cv;
   mutable std::condition_variable progress_cv;
-  std::deque<InboxItem> inbox;
+  // Two buffers that trade places each pass, so an enqueue at steady state allocates
+  // nothing: a deque took a new block for about every item (and the dispatcher freed
+  // the engine's and the data plane's blocks, the costly kind of free).
+  std::vector<InboxItem> inbox;
+  std::vector<InboxItem> batch;  // dispatcher only: the items of the pass under way
   bool stopping = false;
   bool accepting = true;
   std::thread dispatcher;
@@ -254,7 +261,6 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       if (wakeup) wait_for = std::min<Duration>(wait_for, std::max<Duration>(Duration{0}, *wakeup - clock->now()));
       inbox_cv.wait_for(lock, wait_for, [this] { return stopping || !inbox.empty(); });
       if (stopping && inbox.empty()) break;
-      std::deque<InboxItem> batch;
       batch.swap(inbox);
       lock.unlock();
       const std::uint64_t active_before = pushes.counters().active;
@@ -266,7 +272,11 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       execute(std::move(actions));
       retry_parked_lent();
       update_parked();
-      const bool settled = in_progress.fetch_sub(batch.size(), std::memory_order_acq_rel) == batch.size();
+      const std::size_t handled = batch.size();
+      batch.clear();
+      // A burst's buffer is not kept for ever.
+      if (batch.capacity() > kKeptBatchCapacity) std::vector<InboxItem>().swap(batch);
+      const bool settled = in_progress.fetch_sub(handled, std::memory_order_acq_rel) == handled;
       const bool finished_some = pushes.counters().active < active_before;
       lock.lock();
       if ((settled && idle_waiters.load() > 0) || (finished_some && below_waiters.load() > 0)) {
@@ -312,17 +322,20 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
 
   // When each content's first push was planned, for the source_wait stage. Bounded:
   // content whose output never comes is forgotten wholesale at the bound.
-  std::unordered_map<std::string, TimePoint> planned_at;
+  // Its nodes are reused (2.3 allocations per item before).
+  using PlannedAt = std::unordered_map<std::string, TimePoint>;
+  PlannedAt planned_at;
+  NodeStash<PlannedAt> planned_nodes;
   static constexpr std::size_t kMaxPlannedAt = 16384;
 
   void note_planned(const std::string& mm_hash) {
     if (planned_at.size() >= kMaxPlannedAt) planned_at.clear();
-    planned_at.try_emplace(mm_hash, clock->now());
+    planned_nodes.insert(planned_at, mm_hash, clock->now());  // the first plan's time stays
   }
   void note_bound(const std::string& mm_hash) {
     if (auto it = planned_at.find(mm_hash); it != planned_at.end()) {
       stages::record(stages::Stage::source_wait, clock->now() - it->second);
-      planned_at.erase(it);
+      planned_nodes.erase(planned_at, it);
     }
   }
 

@@ -98,7 +98,15 @@ std::string_view shard_state_name(ShardState state) noexcept {
 }
 
 void Actions::append(Actions&& other) {
-  auto move_all = [](auto& to, auto& from) { std::move(from.begin(), from.end(), std::back_inserter(to)); };
+  // Into an empty list (a pass's first result, usually its only one) the buffer
+  // itself moves: no allocation, no element moved.
+  auto move_all = [](auto& to, auto& from) {
+    if (to.empty()) {
+      to = std::move(from);
+    } else {
+      std::move(from.begin(), from.end(), std::back_inserter(to));
+    }
+  };
   move_all(reserves, other.reserves);
   move_all(payloads, other.payloads);
   move_all(cancels, other.cancels);
