@@ -58,7 +58,7 @@ void PushPlanner::take_step(const StepView& step, ConnectorMeta& meta) {
 std::optional<std::string> PushPlanner::finish(const RequestView& request) {
   if (!options_.is_producer || request.mm_features.empty()) {
     if (auto it = bindings_by_request_.find(request.request_id); it != bindings_by_request_.end()) {
-      bindings_by_request_.erase(it);
+      request_nodes_.erase(bindings_by_request_, it);
     }
     return std::nullopt;
   }
@@ -93,9 +93,9 @@ std::optional<std::string> PushPlanner::finish(const RequestView& request) {
       items += ",\"transfer_id\":";
       append_json_string(items, transfer_id);
       items += '}';
-      if (--binding->second.requests == 0) push_bindings_.erase(binding);
+      if (--binding->second.requests == 0) binding_nodes_.erase(push_bindings_, binding);
     }
-    bindings_by_request_.erase(it);
+    request_nodes_.erase(bindings_by_request_, it);
   }
   constexpr std::string_view kItemsKey = "ec_items";
   std::string out;
@@ -149,7 +149,11 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
   if (!resolved) failures_.warn_unresolved(request, index, "push prepare");
   const std::string invented = resolved ? std::string() : detail::fallback_id(request, index);
   const std::string_view transfer_id = resolved ? *resolved : std::string_view(invented);
-  auto& mine = bindings_by_request_[request.request_id];
+  auto mine_at = bindings_by_request_.find(request.request_id);
+  if (mine_at == bindings_by_request_.end()) {
+    mine_at = request_nodes_.insert(bindings_by_request_, request.request_id, std::vector<std::string>{}).first;
+  }
+  auto& mine = mine_at->second;
   if (std::find(mine.begin(), mine.end(), transfer_id) != mine.end()) return;  // planned once per transfer
   if (auto it = push_bindings_.find(transfer_id); it != push_bindings_.end()) {
     if (it->second.mm_hash != feature.identifier || it->second.consumer_zmq != params->consumer_zmq) {
@@ -183,7 +187,7 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
   }
   pushes_.push_back(
       PushSpec{feature.identifier, *spec, params->consumer_zmq, std::string(transfer_id), request.request_id});
-  push_bindings_.emplace(transfer_id, PushBinding{feature.identifier, params->consumer_zmq, 1});
+  binding_nodes_.insert(push_bindings_, transfer_id, PushBinding{feature.identifier, params->consumer_zmq, 1});
   mine.emplace_back(transfer_id);
   ++stats_.pushes_planned;
 }

@@ -19,6 +19,7 @@
 #include "ecx/connector/scheduler/collaborators.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/types.h"
+#include "ecx/core/node_stash.h"
 
 namespace ecx::scheduler {
 
@@ -74,6 +75,10 @@ class PushPlanner {
   std::vector<PushSpec> pushes_;
   detail::StringMap<PushBinding> push_bindings_;
   detail::StringMap<std::vector<std::string>> bindings_by_request_;
+  // Both maps gain an entry for every push and lose it when its request finishes, on
+  // the engine's thread: their nodes and key strings are reused.
+  NodeStash<detail::StringMap<PushBinding>> binding_nodes_;
+  NodeStash<detail::StringMap<std::vector<std::string>>> request_nodes_;
   std::vector<std::pair<std::string, StoreCandidate>> store_candidates_;  // (request id, candidate)
   bool pending_saves_ = false;
 };
