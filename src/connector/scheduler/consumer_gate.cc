@@ -300,7 +300,7 @@ void ConsumerGate::after_alloc(const RequestView& request, std::size_t index) {
   }
   if (auto it = copies_counted_on_.find(request.request_id); it != copies_counted_on_.end()) {
     if (std::erase(it->second, feature.identifier) != 0) stop_counting_on_copy(feature.identifier);
-    if (it->second.empty()) copies_counted_on_.erase(it);
+    if (it->second.empty()) counted_on_nodes_.erase(copies_counted_on_, it);
   }
 }
 
@@ -460,7 +460,7 @@ void ConsumerGate::finish(const RequestView& request) {
         unowned_loads_.insert(h);
       }
     }
-    copies_counted_on_.erase(it);
+    counted_on_nodes_.erase(copies_counted_on_, it);
   }
   table_.forget_pending_request(request.request_id);
   if (auto it = waiting_.find(request.request_id); it != waiting_.end()) waiting_.erase(it);
@@ -518,15 +518,21 @@ void ConsumerGate::forget_oldest_substitute() {
 }
 
 void ConsumerGate::count_on_copy(const std::string& request_id, const std::string& mm_hash) {
-  auto& hashes = copies_counted_on_[request_id];
+  auto counted = copies_counted_on_.find(request_id);
+  if (counted == copies_counted_on_.end()) {
+    counted = counted_on_nodes_.insert(copies_counted_on_, request_id, std::vector<std::string>{}).first;
+  }
+  auto& hashes = counted->second;
   if (std::find(hashes.begin(), hashes.end(), mm_hash) != hashes.end()) return;
   hashes.push_back(mm_hash);
-  ++copy_counts_[mm_hash];
+  auto count = copy_counts_.find(mm_hash);
+  if (count == copy_counts_.end()) count = copy_count_nodes_.insert(copy_counts_, mm_hash, std::size_t{0}).first;
+  ++count->second;
 }
 
 void ConsumerGate::stop_counting_on_copy(const std::string& mm_hash) {
   auto it = copy_counts_.find(mm_hash);
-  if (it != copy_counts_.end() && --it->second == 0) copy_counts_.erase(it);
+  if (it != copy_counts_.end() && --it->second == 0) copy_count_nodes_.erase(copy_counts_, it);
 }
 
 void ConsumerGate::forget_substitute(std::string_view lender_id) {

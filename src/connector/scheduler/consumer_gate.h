@@ -156,6 +156,10 @@ class ConsumerGate {
   // request's. request id -> hashes, and hash -> how many requests count on it.
   detail::StringMap<std::vector<std::string>> copies_counted_on_;
   detail::StringMap<std::size_t> copy_counts_;
+  // An entry in each per loaded item, gone when its request allocates or finishes:
+  // nodes and key strings are reused.
+  NodeStash<detail::StringMap<std::vector<std::string>>> counted_on_nodes_;
+  NodeStash<detail::StringMap<std::size_t>> copy_count_nodes_;
   // Hashes the engine allocated since the last step boundary, with the request that
   // allocated each: one the engine also evicted in this step must be loaded again,
   // because the workers drop evicted entries before they load.

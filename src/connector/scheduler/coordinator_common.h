@@ -17,6 +17,7 @@
 #include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/connector/scheduler/types.h"
+#include "ecx/core/node_stash.h"
 
 namespace ecx::scheduler::detail {
 
@@ -54,11 +55,11 @@ class RecentIds {
 
   // False when `id` is remembered already.
   bool insert(const std::string& id, std::size_t bound) {
-    const auto [at, added] = ids_.insert(id);
+    const auto [at, added] = nodes_.insert(ids_, id);
     if (!added) return false;
     order_.push_back(*at);
     while (order_.size() > bound) {
-      ids_.erase(ids_.find(order_.front()));
+      nodes_.erase(ids_, ids_.find(order_.front()));
       order_.pop_front();
     }
     return true;
@@ -67,6 +68,9 @@ class RecentIds {
 
  private:
   StringSet ids_;
+  // Once at its bound every insert drops the oldest id: the node and its string serve
+  // the next one.
+  NodeStash<StringSet> nodes_;
   // Views of ids_'s keys (a set's elements stay put when it rehashes), oldest first:
   // each id is stored once.
   std::deque<std::string_view> order_;
