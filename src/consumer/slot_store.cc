@@ -35,7 +35,7 @@ Result<SlotId> SlotStore::allocate_filling(const std::string& mm_hash, const Ten
   e.writer = std::move(writer);
   e.expected_checksum = expected_checksum;
   if (write_open) open_write(id);
-  filling_by_hash_[e.mm_hash] = id;
+  if (auto [at, added] = filling_nodes_.insert(filling_by_hash_, e.mm_hash, id); !added) at->second = id;
   return id;
 }
 
@@ -105,7 +105,7 @@ void SlotStore::free_entry(SlotEntry& e) {
   unlink_lru(e);
   if (e.canonical) {
     resident_bytes_ -= e.slot.size;
-    resident_by_hash_.erase(e.mm_hash);
+    resident_nodes_.erase_key(resident_by_hash_, e.mm_hash);
     e.canonical = false;
   }
   unindex_filling(e);
@@ -124,7 +124,7 @@ void SlotStore::unlink_lru(SlotEntry& e) {
 
 void SlotStore::unindex_filling(const SlotEntry& e) {
   if (auto it = filling_by_hash_.find(e.mm_hash); it != filling_by_hash_.end() && it->second == e.id) {
-    filling_by_hash_.erase(it);
+    filling_nodes_.erase(filling_by_hash_, it);
   }
 }
 
@@ -182,14 +182,14 @@ void SlotStore::make_canonical(SlotEntry& e) {
     SlotEntry& old = entry(it->second);
     old.canonical = false;
     resident_bytes_ -= old.slot.size;
-    resident_by_hash_.erase(it);
+    resident_nodes_.erase(resident_by_hash_, it);
     unlink_lru(old);
     maybe_release(old);
   }
   if (!e.canonical) {
     e.canonical = true;
     resident_bytes_ += e.slot.size;
-    resident_by_hash_[e.mm_hash] = e.id;
+    if (auto [at, added] = resident_nodes_.insert(resident_by_hash_, e.mm_hash, e.id); !added) at->second = e.id;
   }
 }
 

@@ -29,6 +29,7 @@
 
 #include "core/id_map.h"
 #include "core/logging.h"
+#include "ecx/core/node_stash.h"
 #include "ecx/core/status.h"
 #include "ecx/core/tensor_spec.h"
 #include "ecx/pool/offset_allocator.h"
@@ -178,8 +179,12 @@ class SlotStore {
   std::uint64_t reclaimed_max_;
   std::function<void()> space_freed_;
   std::unordered_map<SlotId, SlotEntry> entries_;
-  IdMap<SlotId> filling_by_hash_;      // mm_hash -> entry being filled
-  IdMap<SlotId> resident_by_hash_;     // mm_hash -> canonical landed entry
+  IdMap<SlotId> filling_by_hash_;   // mm_hash -> entry being filled
+  IdMap<SlotId> resident_by_hash_;  // mm_hash -> canonical landed entry
+  // Every landing enters both indexes and leaves them (filling at once, resident when
+  // evicted): their nodes and key strings are reused.
+  NodeStash<IdMap<SlotId>> filling_nodes_;
+  NodeStash<IdMap<SlotId>> resident_nodes_;
   std::list<SlotId> lru_;              // idle canonical entries, oldest first
   std::deque<std::string> reclaimed_;  // bounded by reclaimed_max_
   SlotId next_id_ = 1;
