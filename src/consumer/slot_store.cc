@@ -35,7 +35,7 @@ Result<SlotId> SlotStore::allocate_filling(const std::string& mm_hash, const Ten
   e.writer = std::move(writer);
   e.expected_checksum = expected_checksum;
   if (write_open) open_write(id);
-  if (auto [at, added] = filling_nodes_.insert(filling_by_hash_, e.mm_hash, id); !added) at->second = id;
+  filling_nodes_.insert_or_assign(filling_by_hash_, e.mm_hash, id);
   return id;
 }
 
@@ -189,7 +189,7 @@ void SlotStore::make_canonical(SlotEntry& e) {
   if (!e.canonical) {
     e.canonical = true;
     resident_bytes_ += e.slot.size;
-    if (auto [at, added] = resident_nodes_.insert(resident_by_hash_, e.mm_hash, e.id); !added) at->second = e.id;
+    resident_nodes_.insert_or_assign(resident_by_hash_, e.mm_hash, e.id);
   }
 }
 

@@ -276,9 +276,7 @@ void PushCore::release_source(Push& p, Actions& out) {
 }
 
 bool PushCore::index_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id) {
-  auto it = index.find(key);
-  if (it == index.end()) it = index_nodes_.insert(index, key, std::set<std::string>{}).first;
-  return id_nodes_.insert(it->second, id).second;
+  return id_nodes_.insert(index_nodes_.find_or_insert(index, key), id).second;
 }
 
 void PushCore::unindex_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id) {

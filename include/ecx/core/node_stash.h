@@ -15,6 +15,8 @@ namespace ecx {
 
 template <class Container, std::size_t kMaxKept = 64>
 class NodeStash {
+  static constexpr bool kUnique = requires { typename Container::insert_return_type; };
+
  public:
   using Node = typename Container::node_type;
 
@@ -55,11 +57,28 @@ class NodeStash {
     return insert_node(into, std::move(node));
   }
 
+  // map / unordered_map: the mapped value under `key`, inserted (value-initialized)
+  // when absent; operator[] with a kept node.
+  template <class Key>
+  auto& find_or_insert(Container& into, const Key& key) requires kUnique {
+    if (auto it = into.find(key); it != into.end()) return it->second;
+    return insert(into, key, typename Container::mapped_type{}).first->second;
+  }
+
+  // map / unordered_map: `key` -> `mapped`, replacing the value of an existing key;
+  // insert_or_assign with a kept node.
+  template <class Key, class Mapped>
+  auto insert_or_assign(Container& into, const Key& key, Mapped&& mapped) requires kUnique {
+    if (auto it = into.find(key); it != into.end()) {
+      it->second = std::forward<Mapped>(mapped);
+      return it;
+    }
+    return insert(into, key, std::forward<Mapped>(mapped)).first;
+  }
+
   std::size_t kept() const noexcept { return kept_.size(); }
 
  private:
-  static constexpr bool kUnique = requires { typename Container::insert_return_type; };
-
   using Position = std::pair<typename Container::iterator, bool>;
   static Position position(typename Container::iterator at) { return {at, true}; }
   static Position position(Position at) { return at; }

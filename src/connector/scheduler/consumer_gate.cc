@@ -287,10 +287,7 @@ void ConsumerGate::after_alloc(const RequestView& request, std::size_t index) {
   const MmFeature& feature = request.mm_features[index];
   if (local_cache_nodes_.insert(local_cache_, feature.identifier).second) local_cache_changed(feature.identifier);
   if (options_.is_consumer) {
-    if (auto [at, added] = allocated_nodes_.insert(allocated_this_step_, feature.identifier, request.request_id);
-        !added) {
-      at->second = request.request_id;
-    }
+    allocated_nodes_.insert_or_assign(allocated_this_step_, feature.identifier, request.request_id);
     // Asynchronous loads reach this too: a gate that passed on the engine's own copy
     // (a snapshot) finds the entry evicted by the time the engine allocates it.
     if (claimed_this_step_.contains(feature.identifier) &&
@@ -518,16 +515,10 @@ void ConsumerGate::forget_oldest_substitute() {
 }
 
 void ConsumerGate::count_on_copy(const std::string& request_id, const std::string& mm_hash) {
-  auto counted = copies_counted_on_.find(request_id);
-  if (counted == copies_counted_on_.end()) {
-    counted = counted_on_nodes_.insert(copies_counted_on_, request_id, std::vector<std::string>{}).first;
-  }
-  auto& hashes = counted->second;
+  auto& hashes = counted_on_nodes_.find_or_insert(copies_counted_on_, request_id);
   if (std::find(hashes.begin(), hashes.end(), mm_hash) != hashes.end()) return;
   hashes.push_back(mm_hash);
-  auto count = copy_counts_.find(mm_hash);
-  if (count == copy_counts_.end()) count = copy_count_nodes_.insert(copy_counts_, mm_hash, std::size_t{0}).first;
-  ++count->second;
+  ++copy_count_nodes_.find_or_insert(copy_counts_, mm_hash);
 }
 
 void ConsumerGate::stop_counting_on_copy(const std::string& mm_hash) {

@@ -149,11 +149,7 @@ void PushPlanner::plan_push(const RequestView& request, std::size_t index) {
   if (!resolved) failures_.warn_unresolved(request, index, "push prepare");
   const std::string invented = resolved ? std::string() : detail::fallback_id(request, index);
   const std::string_view transfer_id = resolved ? *resolved : std::string_view(invented);
-  auto mine_at = bindings_by_request_.find(request.request_id);
-  if (mine_at == bindings_by_request_.end()) {
-    mine_at = request_nodes_.insert(bindings_by_request_, request.request_id, std::vector<std::string>{}).first;
-  }
-  auto& mine = mine_at->second;
+  auto& mine = request_nodes_.find_or_insert(bindings_by_request_, request.request_id);
   if (std::find(mine.begin(), mine.end(), transfer_id) != mine.end()) return;  // planned once per transfer
   if (auto it = push_bindings_.find(transfer_id); it != push_bindings_.end()) {
     if (it->second.mm_hash != feature.identifier || it->second.consumer_zmq != params->consumer_zmq) {

@@ -27,7 +27,7 @@ void set_ec_transfer_params(RequestView& request, const nlohmann::json& value);
 // JSON tree built and dumped once per request cost more than the work around it (the
 // producer's request_finished, the engine simulator's params). Printable ASCII with
 // no quote or backslash (every validated id, ids.h) goes in as it is; anything else
-// through nlohmann's escaping (and its UTF-8 check).
+// through nlohmann's escaping, bytes that are not UTF-8 as U+FFFD (never a throw).
 void append_json_string(std::string& out, std::string_view text);
 
 }  // namespace ecx::scheduler

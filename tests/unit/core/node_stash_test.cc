@@ -69,6 +69,25 @@ TEST(NodeStash, MultiContainersTakeEqualKeysAndTheStashIsBounded) {
   EXPECT_EQ(deadlines, expected);
 }
 
+TEST(NodeStash, FindOrInsertAndInsertOrAssignBehaveAsTheMapsOwnAndReuseAKeptNode) {
+  std::unordered_map<std::string, int> counts;
+  NodeStash<std::unordered_map<std::string, int>> stash;
+  ++stash.find_or_insert(counts, std::string(40, 'a'));
+  ++stash.find_or_insert(counts, std::string(40, 'a'));  // found: the same value
+  EXPECT_EQ(counts.at(std::string(40, 'a')), 2);
+  const std::string* key = &counts.begin()->first;
+  stash.erase(counts, counts.begin());
+  EXPECT_EQ(stash.find_or_insert(counts, std::string(40, 'b')), 0) << "a kept node's value was not reset";
+  EXPECT_EQ(&counts.begin()->first, key) << "the kept node was not the one reused";
+
+  auto at = stash.insert_or_assign(counts, std::string(40, 'b'), 7);  // present: assigned
+  EXPECT_EQ(at->second, 7);
+  EXPECT_EQ(stash.insert_or_assign(counts, std::string("c"), 3)->second, 3);  // absent: inserted
+  const std::unordered_map<std::string, int> expected{{std::string(40, 'b'), 7}, {"c", 3}};
+  EXPECT_EQ(counts, expected);
+  EXPECT_EQ(stash.kept(), 0U);
+}
+
 TEST(Rekey, MovesAnEntryUnderANewKeyWithinAndAcrossIndexes) {
   std::multimap<int, std::string> deadlines{{5, std::string(40, 'a')}, {9, "b"}};
   std::multimap<int, std::string> tombstones;
