@@ -948,11 +948,15 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     const std::size_t deferred_count = deferred.size();
     deferred.clear();
     std::vector<const SimRequest*> batch;
-    // A push submitted in the last step may not count as active yet; pending() sees
-    // it, so a window of one really sends one item at a time.
+    // In flight: submitted and not finished, the pushes the dispatcher has not started
+    // yet included (counting only the started ones, the window was passed by the
+    // submits of the steps the dispatcher had not caught up with). pending() also sees
+    // what a finished push still holds, so a window of one really sends one item at a
+    // time.
     const auto& engine = *worker.push_engine();
     const auto counters = engine.counters();
-    const auto active = std::max<std::uint64_t>(counters.pushes.active, engine.pending() ? 1 : 0);
+    const std::uint64_t in_flight = counters.pushes.active + counters.unstarted;
+    const auto active = std::max<std::uint64_t>(in_flight, engine.pending() ? 1 : 0);
     // Like an encoder whose output buffer is full, admit nothing new while staging
     // is mostly used: staging refuses what does not fit, and that push fails.
     std::uint64_t staging_budget =
@@ -1111,11 +1115,11 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         // 9 MiB item's transfer, CPU the data plane's threads wanted on 2 CPUs.
         zmq::pollitem_t item{static_cast<void*>(admit), 0, ZMQ_POLLIN, 0};
         zmq::poll(&item, 1, kIdleStepCap);
-      } else if (counters.pushes.active > 0 && next < workload.size()) {
+      } else if (in_flight > 0 && next < workload.size()) {
         // Window or staging full: the next push may start once one finishes. A timed
         // 200 us sleep here woke the engine about ten times per 9 MiB item, CPU the
         // CPU table charged to ECX's calls (55-190 us per item).
-        (void)engine.wait_active_below(counters.pushes.active, kIdleStepCap);
+        (void)engine.wait_active_below(in_flight, kIdleStepCap);
       } else if (next >= workload.size() && deferred.empty() && engine.pending()) {
         // All handed over: wait for the last pushes to end. A timed 200 us sleep here
         // woke the engine 536 times at the end of a 200-item 9 MiB phase (2.7 per

@@ -40,6 +40,9 @@ struct EngineCounters {
   std::uint64_t staging_used_bytes = 0;  // gauge
   std::uint64_t staging_capacity = 0;    // gauge
   std::uint64_t inbox_dropped = 0;       // commands refused because the dispatcher's queue was full
+  // gauge: submitted, not started yet (queued for the dispatcher, or waiting for the
+  // consumer's topology); with pushes.active, what wait_active_below bounds
+  std::uint64_t unstarted = 0;
 };
 
 class PushEngine {
@@ -75,11 +78,11 @@ class PushEngine {
   bool pending() const;
   // Waits (real time, at most `timeout`) until nothing is pending. True when idle.
   bool wait_idle(Duration timeout) const;
-  // Waits (real time, at most `timeout`) until fewer than `limit` pushes are active
-  // (EngineCounters::pushes.active: started by the dispatcher; one submitted a moment
-  // ago, or waiting for its consumer's discovery, is not counted yet): for an encoder
-  // that admits new work only below a bound, instead of polling the counters. True
-  // when they are.
+  // Waits (real time, at most `timeout`) until fewer than `limit` pushes are in
+  // flight: submitted and not finished (EngineCounters::pushes.active plus
+  // EngineCounters::unstarted, those still queued for the dispatcher or waiting for
+  // their consumer's discovery): for an encoder that admits new work only below a
+  // bound, instead of polling the counters. True when they are.
   bool wait_active_below(std::uint64_t limit, Duration timeout) const;
   EngineCounters counters() const;
   std::uint64_t export_metrics(metrics::Registry& registry) const;

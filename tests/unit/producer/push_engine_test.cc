@@ -19,6 +19,7 @@
 
 #include "../control/control_test_util.h"
 #include "ecx/core/config.h"
+#include "ecx/core/metrics.h"
 #include "ecx/producer/push_engine.h"
 #include "ecx/wire/protocol.h"
 
@@ -226,6 +227,35 @@ TEST(PushEngineWaits, WaitActiveBelowReturnsOnceAPushEnds) {
   (*engine)->requests_finished(finished);  // no source will come: the push is abandoned
   EXPECT_TRUE((*engine)->wait_active_below(1, 20s));
   EXPECT_EQ((*engine)->counters().pushes.active, 0u);
+  (*engine)->shutdown(1s);
+}
+
+// A push counts against the bound from submit() on, not from when the dispatcher
+// starts it: here it waits for a consumer that never answers its discovery, so it
+// never becomes active. Counting only the active ones, an engine that stepped faster
+// than the dispatcher had three times its bound in flight.
+TEST(PushEngineWaits, WaitActiveBelowCountsAPushTheDispatcherHasNotStarted) {
+  SilentConsumer consumer;
+  auto engine = PushEngine::start(producer_config({{"control_timeout_s", 30}}));
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);
+  ASSERT_TRUE(spec);
+  (*engine)->submit(PushSpec{"t-parked", "h-parked", consumer.address, *spec, "r-parked"});
+  EXPECT_FALSE((*engine)->wait_active_below(1, 0ms));  // queued for the dispatcher
+  ASSERT_TRUE(consumer.received_within(5s)) << "the discovery never reached the consumer";
+  // The dispatcher's pass that parked it ends (its count moves from queued to parked).
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while ((*engine)->counters().unstarted != 1 && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(10ms);
+  }
+  const auto counters = (*engine)->counters();
+  EXPECT_EQ(counters.unstarted, 1u);
+  EXPECT_EQ(counters.pushes.active, 0u);
+  EXPECT_FALSE((*engine)->wait_active_below(1, 0ms));
+  EXPECT_TRUE((*engine)->wait_active_below(2, 0ms));
+  metrics::Registry registry;
+  (*engine)->export_metrics(registry);
+  EXPECT_EQ(registry.snapshot().at("ecx_producer_unstarted_pushes"), 1.0);
   (*engine)->shutdown(1s);
 }
 
