@@ -891,8 +891,7 @@ bool PushEngine::wait_idle(Duration timeout) const {
 }
 
 bool PushEngine::wait_active_below(std::uint64_t limit, Duration timeout) const {
-  return wait_on_dispatcher(*state_, state_->below_waiters, timeout,
-                            [&] { return state_->in_flight() < limit; });
+  return wait_on_dispatcher(*state_, state_->below_waiters, timeout, [&] { return state_->in_flight() < limit; });
 }
 
 EngineCounters PushEngine::counters() const {
@@ -902,8 +901,8 @@ EngineCounters PushEngine::counters() const {
     c = state_->engine_counters;
   }
   c.pushes = state_->pushes.counters();
-  c.unstarted = state_->submits_queued.load(std::memory_order_acquire) +
-                state_->submits_parked.load(std::memory_order_acquire);
+  c.unstarted =
+      state_->submits_queued.load(std::memory_order_acquire) + state_->submits_parked.load(std::memory_order_acquire);
   c.staging_used_bytes = state_->staging->used_bytes();
   c.staging_capacity = state_->staging->capacity();
   return c;
@@ -943,9 +942,10 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
             "Reservations given back while a sibling shard of the same push waited for space (reserved again with it)",
             "", p.yields);
     sink.gauge("producer_active_pushes", "Pushes not yet terminal", p.active);
-    sink.gauge("producer_unstarted_pushes",
-               "Pushes submitted and not started yet (queued for the dispatcher, or waiting for the consumer's topology)",
-               s->submits_queued.load(std::memory_order_acquire) + s->submits_parked.load(std::memory_order_acquire));
+    sink.gauge(
+        "producer_unstarted_pushes",
+        "Pushes submitted and not started yet (queued for the dispatcher, or waiting for the consumer's topology)",
+        s->submits_queued.load(std::memory_order_acquire) + s->submits_parked.load(std::memory_order_acquire));
     sink.gauge("producer_staging_used_bytes", "Staging pool bytes held", s->staging->used_bytes());
     EngineCounters engine;
     {
