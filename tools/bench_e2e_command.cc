@@ -527,6 +527,7 @@ int run_producer_role(const E2eOptions& o) {
                       {"items", r->items},
                       {"failed_saves", r->failed_saves},
                       {"retry_afters", r->retry_afters},
+                      {"max_in_flight", r->max_in_flight},
                       {"sim_us_per_item",
                        r->items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->items) : 0.0},
                       {"cpu_us_per_item", cpu_per_item(r->thread_cpu_ns, r->items)},
@@ -707,6 +708,7 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
     e2e.erase("event");
     if (k < produced.size()) {
       e2e["retry_afters"] = produced[k].value("retry_afters", std::uint64_t{0});
+      e2e["max_in_flight"] = produced[k].value("max_in_flight", std::uint64_t{0});
       e2e["producer_sim_us_per_item"] = produced[k].value("sim_us_per_item", 0.0);
       if (produced[k].contains("cpu_us_per_item")) e2e["producer_cpu_us_per_item"] = produced[k]["cpu_us_per_item"];
       if (produced[k].contains("sleeps_per_item")) e2e["producer_sleeps_per_item"] = produced[k]["sleeps_per_item"];

@@ -956,6 +956,8 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     const auto& engine = *worker.push_engine();
     const auto counters = engine.counters();
     const std::uint64_t in_flight = counters.pushes.active + counters.unstarted;
+    const std::uint64_t ended = counters.pushes.done + counters.pushes.failed + counters.pushes.cancelled;
+    result.max_in_flight = std::max(result.max_in_flight, counters.submitted - std::min(counters.submitted, ended));
     const auto active = std::max<std::uint64_t>(in_flight, engine.pending() ? 1 : 0);
     // Like an encoder whose output buffer is full, admit nothing new while staging
     // is mostly used: staging refuses what does not fit, and that push fails.

@@ -162,6 +162,10 @@ struct ProducerResult {
   std::uint64_t direct_sent = 0;         // payloads sent without a reservation first
   std::uint64_t direct_turned_away = 0;  // of those, turned away by the shard (then reserved)
   std::uint64_t rounds = 0;
+  // The most pushes submitted and not yet ended (done, failed or cancelled), seen at the
+  // start of any step: what max_active_pushes bounds. Counted from the engine's
+  // counters, not from what the window reads, so that a window that leaks shows here.
+  std::uint64_t max_in_flight = 0;
   std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: the outputs' content, admit messages
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
   // zero_copy_saves: outputs sent from the encoder's own memory, and of those, any ECX
