@@ -161,6 +161,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   // had 110 pushes submitted and not finished on average, 376 at most).
   std::atomic<std::uint64_t> submits_queued{0};
   std::atomic<std::uint64_t> submits_parked{0};
+  std::uint64_t ended() const {
+    const auto c = pushes.counters();
+    return c.done + c.failed + c.cancelled;
+  }
   std::uint64_t in_flight() const {
     return pushes.counters().active + submits_queued.load(std::memory_order_acquire) +
            submits_parked.load(std::memory_order_acquire);
@@ -279,6 +283,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       batch.swap(inbox);
       lock.unlock();
       const std::uint64_t in_flight_before = in_flight();
+      const std::uint64_t ended_before = ended();
       Actions actions;
       std::uint64_t submits = 0;
       for (auto& item : batch) {
@@ -295,7 +300,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       // A burst's buffer is not kept for ever.
       if (batch.capacity() > kKeptBatchCapacity) std::vector<InboxItem>().swap(batch);
       const bool settled = in_progress.fetch_sub(handled, std::memory_order_acq_rel) == handled;
-      const bool finished_some = in_flight() < in_flight_before;
+      // A push that ended, or a submit that failed or merged: a submit from another
+      // thread during the pass can hide the first from the sum.
+      const bool finished_some = ended() > ended_before || in_flight() < in_flight_before;
       lock.lock();
       if ((settled && idle_waiters.load() > 0) || (finished_some && below_waiters.load() > 0)) {
         progress_cv.notify_all();
