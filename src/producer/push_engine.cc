@@ -165,10 +165,10 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     const auto c = pushes.counters();
     return c.done + c.failed + c.cancelled;
   }
-  std::uint64_t in_flight() const {
-    return pushes.counters().active + submits_queued.load(std::memory_order_acquire) +
-           submits_parked.load(std::memory_order_acquire);
+  std::uint64_t unstarted() const {
+    return submits_queued.load(std::memory_order_acquire) + submits_parked.load(std::memory_order_acquire);
   }
+  std::uint64_t in_flight() const { return pushes.counters().active + unstarted(); }
 
   State(const Config& c, std::shared_ptr<const Clock> clk)
       : config(c), clock(std::move(clk)), pushes(PushOptions::from_config(c), clock) {}
@@ -908,8 +908,7 @@ EngineCounters PushEngine::counters() const {
     c = state_->engine_counters;
   }
   c.pushes = state_->pushes.counters();
-  c.unstarted =
-      state_->submits_queued.load(std::memory_order_acquire) + state_->submits_parked.load(std::memory_order_acquire);
+  c.unstarted = state_->unstarted();
   c.staging_used_bytes = state_->staging->used_bytes();
   c.staging_capacity = state_->staging->capacity();
   return c;
@@ -952,7 +951,7 @@ std::uint64_t PushEngine::export_metrics(metrics::Registry& registry) const {
     sink.gauge(
         "producer_unstarted_pushes",
         "Pushes submitted and not started yet (queued for the dispatcher, or waiting for the consumer's topology)",
-        s->submits_queued.load(std::memory_order_acquire) + s->submits_parked.load(std::memory_order_acquire));
+        s->unstarted());
     sink.gauge("producer_staging_used_bytes", "Staging pool bytes held", s->staging->used_bytes());
     EngineCounters engine;
     {
