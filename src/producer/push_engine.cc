@@ -161,14 +161,19 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   // had 110 pushes submitted and not finished on average, 376 at most).
   std::atomic<std::uint64_t> submits_queued{0};
   std::atomic<std::uint64_t> submits_parked{0};
-  std::uint64_t ended() const {
-    const auto c = pushes.counters();
-    return c.done + c.failed + c.cancelled;
-  }
   std::uint64_t unstarted() const {
     return submits_queued.load(std::memory_order_acquire) + submits_parked.load(std::memory_order_acquire);
   }
   std::uint64_t in_flight() const { return pushes.counters().active + unstarted(); }
+  // Read from one snapshot of the push counters, before and after each pass.
+  struct Progress {
+    std::uint64_t in_flight = 0;
+    std::uint64_t ended = 0;  // done, failed or cancelled
+  };
+  Progress progress() const {
+    const auto c = pushes.counters();
+    return {c.active + unstarted(), c.done + c.failed + c.cancelled};
+  }
 
   State(const Config& c, std::shared_ptr<const Clock> clk)
       : config(c), clock(std::move(clk)), pushes(PushOptions::from_config(c), clock) {}
@@ -282,8 +287,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       if (stopping && inbox.empty()) break;
       batch.swap(inbox);
       lock.unlock();
-      const std::uint64_t in_flight_before = in_flight();
-      const std::uint64_t ended_before = ended();
+      const Progress before = progress();
       Actions actions;
       std::uint64_t submits = 0;
       for (auto& item : batch) {
@@ -302,7 +306,8 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       const bool settled = in_progress.fetch_sub(handled, std::memory_order_acq_rel) == handled;
       // A push that ended, or a submit that failed or merged: a submit from another
       // thread during the pass can hide the first from the sum.
-      const bool finished_some = ended() > ended_before || in_flight() < in_flight_before;
+      const Progress after = progress();
+      const bool finished_some = after.ended > before.ended || after.in_flight < before.in_flight;
       lock.lock();
       if ((settled && idle_waiters.load() > 0) || (finished_some && below_waiters.load() > 0)) {
         progress_cv.notify_all();

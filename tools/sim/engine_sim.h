@@ -165,6 +165,8 @@ struct ProducerResult {
   // The most pushes submitted and not yet ended (done, failed or cancelled), seen at the
   // start of any step: what max_active_pushes bounds. Counted from the engine's
   // counters, not from what the window reads, so that a window that leaks shows here.
+  // A submit merged into a push already under way (a repeated transfer id) never ends
+  // on its own, so with repeats this over-counts; the bench's workload has none.
   std::uint64_t max_in_flight = 0;
   std::uint64_t sim_ns = 0;        // CPU time of the simulator's own work: the outputs' content, admit messages
   std::uint64_t encoder_runs = 0;  // images this encoder actually encoded
