@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/control/client.h"
 #include "ecx/core/node_stash.h"
@@ -41,6 +42,7 @@ constexpr std::size_t kMaxAwaitingTopology = 65'536;
 
 struct SubmitCommand {
   PushSpec spec;
+  TimePoint planned;  // when the engine submitted it: where its source_wait starts
 };
 struct BindCommand {
   std::string mm_hash;
@@ -184,8 +186,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   bool enqueue(InboxItem item) { return enqueue_or_keep(item); }
-  // Moves `item` into the inbox, or leaves it as it was when the inbox is full.
-  bool enqueue_or_keep(InboxItem& item) {
+  // Moves `item` into the inbox, or leaves it as it was when the inbox is full. With
+  // `wake` false the dispatcher is not woken for it: its next pass takes it.
+  bool enqueue_or_keep(InboxItem& item, bool wake = true) {
     {
       std::lock_guard lock(inbox_mutex);
       if (inbox.size() >= kInboxMax) {
@@ -196,8 +199,28 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
       inbox.push_back(std::move(item));
       in_progress.fetch_add(1, std::memory_order_acq_rel);
     }
-    inbox_cv.notify_one();
+    if (wake) inbox_cv.notify_one();
     return true;
+  }
+
+  // A submit the dispatcher need not be woken for: the push will go direct (no
+  // reserve to send ahead of the encoder) to a consumer whose topology is known (no
+  // discovery to start), so nothing can happen for it before its source is bound,
+  // and that bind wakes the dispatcher, which then handles both in one pass. Woken
+  // for each, the dispatcher slept and woke once more per item at 64 KiB.
+  bool can_submit_quietly(const PushSpec& spec) const {
+    if (quiet_submit_max_bytes == 0 || spec.spec.nbytes() > quiet_submit_max_bytes) return false;
+    if (idle_waiters.load(std::memory_order_acquire) > 0) return false;  // wait_idle wants every pass now
+    std::lock_guard lock(known_consumers_mutex);
+    return known_consumers.contains(spec.consumer_address);
+  }
+  // Set once at start: direct_max_bytes as a push to any number of shards sees it.
+  std::uint64_t quiet_submit_max_bytes = 0;
+  mutable std::mutex known_consumers_mutex;
+  IdSet known_consumers;  // guarded by known_consumers_mutex: bases with a topology (written by the dispatcher)
+  void note_known_consumer(const std::string& base) {
+    std::lock_guard lock(known_consumers_mutex);
+    known_consumers.insert(base);
   }
 
   void add_failure(FailedSave failure) {
@@ -322,6 +345,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     if (auto it = topologies.find(base); it != topologies.end()) return &it->second;
     auto cached = client->cached_topology(base);
     if (!cached) return nullptr;
+    note_known_consumer(base);
     return &(topologies[base] = std::move(*cached));
   }
   // A shard failed in a way that may mean the consumer restarted (new data-plane
@@ -358,9 +382,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   NodeStash<PlannedAt> planned_nodes;
   static constexpr std::size_t kMaxPlannedAt = 16384;
 
-  void note_planned(const std::string& mm_hash) {
+  void note_planned(const std::string& mm_hash, TimePoint at) {
     if (planned_at.size() >= kMaxPlannedAt) planned_at.clear();
-    planned_nodes.insert(planned_at, mm_hash, clock->now());  // the first plan's time stays
+    planned_nodes.insert(planned_at, mm_hash, at);  // the first plan's time stays
   }
   void note_bound(const std::string& mm_hash) {
     if (auto it = planned_at.find(mm_hash); it != planned_at.end()) {
@@ -370,7 +394,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   }
 
   void handle(SubmitCommand& command, Actions& actions) {
-    note_planned(command.spec.mm_hash);
+    note_planned(command.spec.mm_hash, command.planned);
     const std::string base = command.spec.consumer_address;  // a copy: the spec is moved below
     if (const auto* topology = topology_of(base)) {
       start_push(command.spec, static_cast<int>(topology->shards.size()), actions);
@@ -411,7 +435,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     for (auto& spec : specs) {
       hashes.insert(spec.mm_hash);
       if (result.topology) {
-        topologies[result.base] = *result.topology;
+        if (topologies.insert_or_assign(result.base, *result.topology).second) note_known_consumer(result.base);
         start_push(spec, static_cast<int>(result.topology->shards.size()), actions);
       } else {
         count(&EngineCounters::topology_failures);
@@ -766,6 +790,8 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   auto client = control::ControlClient::create(std::move(client_options));
   if (!client) return client.status();
   state->client = std::move(*client);
+  const std::uint64_t direct_max = PushOptions::from_config(config).direct_max_bytes;
+  state->quiet_submit_max_bytes = std::min(direct_max, kDirectMaxBytesAcrossShards);
   state->dispatcher = std::thread([raw = state.get()] {
     name_this_thread("ecx-push");
     raw->run();
@@ -789,8 +815,9 @@ void PushEngine::submit(PushSpec spec) {
   }
   state_->count(&EngineCounters::submitted);
   state_->submits_queued.fetch_add(1, std::memory_order_acq_rel);
-  InboxItem command = SubmitCommand{std::move(spec)};
-  if (!state_->enqueue_or_keep(command)) {
+  const bool wake = !state_->can_submit_quietly(spec);
+  InboxItem command = SubmitCommand{std::move(spec), state_->clock->now()};
+  if (!state_->enqueue_or_keep(command, wake)) {
     state_->submits_queued.fetch_sub(1, std::memory_order_acq_rel);
     state_->add_failure(std::get<SubmitCommand>(command).spec, "the producer's queue is full");
   }
@@ -882,6 +909,9 @@ bool wait_on_dispatcher(PushEngine::State& s, std::atomic<int>& waiters, Duratio
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(s.inbox_mutex);
   waiters.fetch_add(1);
+  // A submit enqueued without waking the dispatcher (can_submit_quietly) is taken now:
+  // a waiter wants the pass it would otherwise get at the next bind or idle wake.
+  if (!s.inbox.empty()) s.inbox_cv.notify_one();
   struct Leave {
     std::atomic<int>& waiters;
     ~Leave() { waiters.fetch_sub(1); }

@@ -3,6 +3,7 @@
 // control timeout: shutdown must still end within its own budget), a shard whose
 // data plane lands payloads the other way (the push fails, naming both), and lent
 // outputs (lend_source) given back once whatever becomes of their pushes.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -18,8 +19,10 @@
 #include <nlohmann/json.hpp>
 
 #include "../control/control_test_util.h"
+#include "ecx/core/clock.h"
 #include "ecx/core/config.h"
 #include "ecx/core/metrics.h"
+#include "ecx/core/stages.h"
 #include "ecx/producer/push_engine.h"
 #include "ecx/wire/protocol.h"
 
@@ -256,6 +259,54 @@ TEST(PushEngineWaits, WaitActiveBelowCountsAPushTheDispatcherHasNotStarted) {
   metrics::Registry registry;
   (*engine)->export_metrics(registry);
   EXPECT_EQ(registry.snapshot().at("ecx_producer_unstarted_pushes"), 1.0);
+  (*engine)->shutdown(1s);
+}
+
+// A small push to a consumer already discovered is submitted without waking the
+// dispatcher (it can do nothing for it before the source comes; the bind wakes it and
+// it handles both in one pass). The source_wait stage still starts at submit(), and
+// such a submit is never lost: a bad one fails as any other does.
+TEST(PushEngineWaits, AQuietSubmitStartsItsSourceWaitAtSubmitAndFailsLikeAnyOther) {
+  auto shards = control::testing::start_shards(1, std::make_shared<control::testing::TestHandler>());
+  ASSERT_EQ(shards.size(), 1u);
+  auto clock = std::make_shared<ManualClock>();
+  auto engine = PushEngine::start(producer_config(nlohmann::json::object()), clock);
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  auto spec = TensorSpec::make({16, 64}, DType::float16, 1 << 20);  // 2 KiB: direct
+  ASSERT_TRUE(spec);
+  const std::string consumer = shards[0]->control_endpoint();
+  // The first push discovers the consumer; it then waits for a source that never comes.
+  (*engine)->submit(PushSpec{"t-first", "h-first", consumer, *spec, "r-first"});
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while ((*engine)->counters().pushes.started == 0 && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(10ms);
+  }
+  ASSERT_EQ((*engine)->counters().pushes.started, 1u);
+
+  const auto before = stages::snapshot()[static_cast<std::size_t>(stages::Stage::source_wait)];
+  (*engine)->submit(PushSpec{"t-quiet", "h-quiet", consumer, *spec, "r-quiet"});
+  clock->advance(7ms);  // the encoder runs
+  const std::vector<std::byte> output(spec->nbytes(), std::byte{1});
+  ASSERT_TRUE((*engine)->bind_source("h-quiet", output.data(), output.size()).ok());
+  metrics::Histogram::Snapshot waited;
+  deadline = std::chrono::steady_clock::now() + 20s;
+  while (waited.count == 0 && std::chrono::steady_clock::now() < deadline) {
+    (*engine)->wait_idle(10ms);
+    waited = stages::snapshot()[static_cast<std::size_t>(stages::Stage::source_wait)].since(before);
+  }
+  ASSERT_EQ(waited.count, 1u);
+  EXPECT_GE(waited.sum, 0.007);  // from submit(), not from when the dispatcher took it
+
+  // (The test shard has no data plane: the quiet push itself fails at its send.)
+  (*engine)->submit(PushSpec{"bad id", "h-bad", consumer, *spec, "r-bad"});  // not an id
+  std::vector<FailedSave> failures;
+  const auto bad_reported = [&] {
+    for (auto& f : (*engine)->drain_failures()) failures.push_back(std::move(f));
+    return std::any_of(failures.begin(), failures.end(), [](const FailedSave& f) { return f.transfer_id == "bad id"; });
+  };
+  deadline = std::chrono::steady_clock::now() + 20s;
+  while (!bad_reported() && std::chrono::steady_clock::now() < deadline) (*engine)->wait_idle(10ms);
+  EXPECT_TRUE(bad_reported());
   (*engine)->shutdown(1s);
 }
 
