@@ -1,5 +1,7 @@
 #include "ecx/core/ids.h"
 
+#include <algorithm>
+#include <iterator>
 #include <random>
 
 #include <fmt/format.h>
@@ -48,6 +50,31 @@ Status validate_id(std::string_view id, std::string_view what) {
     }
   }
   return Status::ok();
+}
+
+std::string id_from_text(std::string_view text, std::size_t max_length) {
+  max_length = std::min(max_length, kMaxIdLength);
+  std::string id;
+  id.reserve(text.size());
+  for (const char c : text) {
+    if (is_id_char(c) && c != '~') {
+      id.push_back(c);
+    } else {
+      fmt::format_to(std::back_inserter(id), "~{:02x}", static_cast<unsigned char>(c));
+    }
+    if (id.size() > max_length) break;
+  }
+  if (!id.empty() && id.size() <= max_length) return id;
+  // FNV-1a, twice from different offsets: 128 bits, the same in every process (unlike
+  // std::hash, which no standard fixes). 'h' is no hex digit: no escaped text reads so.
+  auto fnv1a = [&](std::uint64_t h) {
+    for (const char c : text) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 0x100000001b3ULL;
+    }
+    return h;
+  };
+  return fmt::format("~h{:016x}{:016x}", fnv1a(0xcbf29ce484222325ULL), fnv1a(0x84222325cbf29ce4ULL));
 }
 
 ReservationId ReservationId::random() {

@@ -21,6 +21,14 @@ Status validate_id(std::string_view id, std::string_view what);
 inline Status validate_transfer_id(std::string_view id) { return validate_id(id, "transfer_id"); }
 inline Status validate_mm_hash(std::string_view id) { return validate_id(id, "mm_hash"); }
 
+// An id made from any text, at most `max_length` (<= kMaxIdLength, >= 34) characters,
+// the same for the same text in every process: the text with each character outside
+// the alphabet, and '~', written as "~" and two hex digits; or, where that is empty or
+// longer than `max_length`, "~h" and 32 hex digits of a 128-bit hash of the text.
+// Distinct texts give distinct ids (but for a hash collision). For names ECX makes
+// up from a caller's text, such as a request id.
+std::string id_from_text(std::string_view text, std::size_t max_length = kMaxIdLength);
+
 // A random 128-bit reservation id; the zero value means "none".
 class ReservationId {
  public:

@@ -17,6 +17,7 @@
 #include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/connector/scheduler/types.h"
+#include "ecx/core/ids.h"
 #include "ecx/core/node_stash.h"
 
 namespace ecx::scheduler::detail {
@@ -30,8 +31,13 @@ inline std::string_view shorten(std::string_view id, std::size_t n = 64) { retur
 
 // The invented name of item `index` when the request names no transfer for it; the
 // other side does not know it, so nothing can cancel it remotely.
+// The transfer id of an item the proxy named none for, made the same way by the
+// encoder's and the consumer's side: "<request_id>:<index>", the request id made an id
+// (id_from_text): as it was, a request id with a character outside the id alphabet
+// named a push that failed validation, and the consumer waited for it until timeout.
 inline std::string fallback_id(const RequestView& request, std::size_t index) {
-  return fmt::format("{}:{}", request.request_id, index);
+  constexpr std::size_t kIndexRoom = 21;  // ':' and up to 20 digits
+  return fmt::format("{}:{}", id_from_text(request.request_id, kMaxIdLength - kIndexRoom), index);
 }
 
 using StringSet = IdSet;

@@ -24,6 +24,29 @@ TEST(Ids, RejectsBadIdsNamingTheField) {
   }
 }
 
+TEST(IdFromText, KeepsAnIdAndEscapesEverythingElseIntoTheAlphabet) {
+  EXPECT_EQ(id_from_text("chatcmpl-1a2b/0"), "chatcmpl-1a2b/0");
+  EXPECT_EQ(id_from_text("say \"hi\"\n"), "say~20~22hi~22~0a");
+  EXPECT_EQ(id_from_text("a~20"), "a~7e20");  // '~' escaped too: "a " and "a~20" stay apart
+  EXPECT_EQ(id_from_text("a "), "a~20");
+  EXPECT_TRUE(validate_transfer_id(id_from_text(std::string("\0\xff\x80 x", 5))).ok());
+}
+
+TEST(IdFromText, HashesWhatWouldBeEmptyOrTooLongTheSameWayEachTime) {
+  const std::string long_text(300, 'r');
+  const auto hashed = id_from_text(long_text);
+  EXPECT_EQ(hashed.size(), 34u);
+  EXPECT_EQ(hashed.rfind("~h", 0), 0u);
+  EXPECT_TRUE(validate_transfer_id(hashed).ok());
+  EXPECT_EQ(id_from_text(long_text), hashed);  // deterministic: both sides of a transfer make it
+  EXPECT_NE(id_from_text(std::string(300, 's')), hashed);
+  EXPECT_NE(id_from_text(std::string(299, 'r')), hashed);
+  EXPECT_TRUE(validate_transfer_id(id_from_text("")).ok());
+  // The limit counts the escapes: 60 spaces are 180 characters escaped.
+  EXPECT_EQ(id_from_text(std::string(60, ' '), 200).size(), 180u);
+  EXPECT_EQ(id_from_text(std::string(60, ' '), 100).size(), 34u);
+}
+
 TEST(ReservationId, RandomIdsAreUniqueAndNeverNone) {
   std::set<ReservationId> seen;
   for (int i = 0; i < 10000; ++i) {

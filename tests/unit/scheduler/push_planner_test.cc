@@ -194,7 +194,9 @@ TEST(PushPlanner, FinishWritesItsParamsAsSortedEscapedJsonText) {
   const auto text = p.planner.finish(odd);
   ASSERT_TRUE(text);
   const auto params = nlohmann::json::parse(*text);
-  EXPECT_EQ(params.at("ec_items").at(0).at("transfer_id"), "say \"hi\"\\\n:0") << *text;
+  // The invented name is the request id made an id: pushed as it was, it failed validation.
+  EXPECT_EQ(params.at("ec_items").at(0).at("transfer_id"), "say~20~22hi~22~5c~0a:0") << *text;
+  EXPECT_TRUE(validate_transfer_id(params.at("ec_items").at(0).at("transfer_id").get<std::string>()).ok());
   EXPECT_EQ(params.at("h").at("item_indices"), nlohmann::json::array({0})) << *text;
   EXPECT_FALSE(params.at("h").contains("transfer_id")) << *text;
 }
