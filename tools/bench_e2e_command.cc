@@ -624,15 +624,32 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
   return unavailable("ecx bench transport printed no ecx series");
 }
 
-// One round: both role processes through every phase, then the raw plane's baseline of
-// each phase. Prints the round's table; returns its series (ECX rows and raw rows).
+// One round: both role processes through every phase and the raw plane's baseline of
+// each phase, the raw plane first when `raw_first` (rounds alternate): on a shared VM
+// the first and the second runner do not meet the same machine (memory the host has
+// not backed yet, what the processes before left to free), and one order always would
+// hand one side the same seat. Prints the round's table; returns its series (ECX rows
+// and raw rows).
 struct Round {
   std::vector<json> phases;  // the ECX rows, in phase order
   std::vector<json> raws;    // the raw plane's row of each phase (null: not measured)
   bool ok = false;
 };
 
-Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
+Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, bool raw_first) {
+  Round round;
+  auto measure_raws = [&] {
+    for (const Phase& phase : phases) {
+      if (!o.baseline) {
+        round.raws.emplace_back();
+        continue;
+      }
+      auto measured = transport_baseline(o, phase);
+      if (!measured) std::cerr << "ecx bench e2e: baseline: " << measured.status().message() << "\n";
+      round.raws.push_back(measured ? std::move(*measured) : json());
+    }
+  };
+  if (raw_first) measure_raws();
   const int port = sim::free_port_block(static_cast<int>(phases.size()) * (o.tp + 1));
   if (port == 0) return unavailable("no free block of ports on 127.0.0.1");
   auto role_args = [&](const std::string& role, const std::string& flag) {
@@ -699,7 +716,7 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
     return internal_error(fmt::format("{} of {} phases finished (consumer exit {}, producer exit {})", results.size(),
                                       phases.size(), consumer_exit.value_or(-1), producer_exit.value_or(-1)));
   }
-  Round round;
+  if (!raw_first) measure_raws();
   round.ok = consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
   results_table().print_header(std::cout);
   for (std::size_t k = 0; k < phases.size(); ++k) {
@@ -715,15 +732,8 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
       if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
     std::optional<json> raw;
-    if (o.baseline) {
-      auto measured = transport_baseline(o, phases[k]);
-      if (measured) {
-        raw = *measured;
-      } else {
-        std::cerr << "ecx bench e2e: baseline: " << measured.status().message() << "\n";
-        round.ok = false;
-      }
-    }
+    if (!round.raws[k].is_null()) raw = round.raws[k];
+    if (o.baseline && !raw) round.ok = false;
     if (raw) {
       // One item at a time both sides pause between items (the hand-back, the raw
       // plane's gap), so their GB/s say little: the lone ratio below compares them.
@@ -742,7 +752,6 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases) {
     }
     print_row(e2e);
     round.phases.push_back(e2e);
-    round.raws.push_back(raw.value_or(json()));
     if (raw) print_row(*raw);
   }
   return round;
@@ -762,7 +771,8 @@ void print_round_summary(const std::vector<Phase>& phases, const std::vector<Rou
                          {"ratio max", 9},
                          {"+p50 us p50", 11}});
   std::cout << fmt::format(
-      "\nover {} rounds (each: ECX's phases, then the raw plane's; medians; throughput: transfers/s, GB/s and the "
+      "\nover {} rounds (ECX's phases first in odd rounds, the raw plane's in even ones; medians; throughput: "
+      "transfers/s, GB/s and the "
       "GB/s ratio; latency: enc p50 against the raw delivery p50, the lone ratio, and time to ready over the raw "
       "delivery p50):\n",
       rounds.size());
@@ -819,8 +829,11 @@ int run_all(const E2eOptions& o) {
   json series = json::array();
   bool ok = true;
   for (int r = 0; r < o.rounds && !g_stop.load(); ++r) {
-    if (o.rounds > 1) std::cout << fmt::format("round {} of {}:\n", r + 1, o.rounds);
-    auto round = run_round(o, *phases);
+    const bool raw_first = r % 2 == 1;
+    if (o.rounds > 1) {
+      std::cout << fmt::format("round {} of {} ({} first):\n", r + 1, o.rounds, raw_first ? "the raw plane" : "ECX");
+    }
+    auto round = run_round(o, *phases, raw_first);
     if (!round) {
       std::cerr << "ecx bench e2e: " << round.status().message() << "\n";
       return 1;
@@ -830,7 +843,10 @@ int run_all(const E2eOptions& o) {
     for (std::size_t k = 0; k < round->phases.size(); ++k) {
       for (json row : {round->phases[k], round->raws[k]}) {
         if (row.is_null()) continue;
-        if (o.rounds > 1) row["round"] = r + 1;
+        if (o.rounds > 1) {
+          row["round"] = r + 1;
+          row["raw_first"] = raw_first;
+        }
         series.push_back(std::move(row));
       }
     }
@@ -898,7 +914,8 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 86400.0));
   cmd->add_option("--rounds", o->rounds,
-                  "role all: run everything this many times, ECX then the raw plane each time, and summarise the "
+                  "role all: run everything this many times, ECX first in odd rounds and the raw plane in even ones "
+                  "(what runs first meets memory the host has not touched yet), and summarise the "
                   "rounds (medians, each ratio's range): on a shared machine one round's ratio moves with the load")
       ->capture_default_str()
       ->check(CLI::Range(1, 20));

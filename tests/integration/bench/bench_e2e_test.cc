@@ -87,5 +87,41 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
   EXPECT_NE(output.find("ZeroMQ I/O: admit channel"), std::string::npos) << output;
 }
 
+// --rounds alternates which runs first, ECX or the raw plane (on a shared machine the
+// first and the second runner meet different conditions); every round measures both.
+TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
+  const auto file = (std::filesystem::temp_directory_path() / "ecx-bench-e2e-rounds-test.json").string();
+  std::filesystem::remove(file);
+  auto child = ChildProcess::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ecx_binary(), "bench", "e2e", "--sizes",
+                                    "64KiB", "--count", "200", "--latency-count", "5", "--pool-size", "64MiB",
+                                    "--rounds", "2", "--json", file});
+  ASSERT_TRUE(child) << child.status().to_string();
+  std::string output;
+  while (!child->eof()) {
+    if (auto line = child->read_line(200ms)) output += *line + "\n";
+  }
+  ASSERT_EQ(child->wait(60s).value_or(-1), 0) << output;
+  std::ifstream in(file);
+  const json series = json::parse(in, nullptr, false);
+  std::filesystem::remove(file);
+  ASSERT_TRUE(series.is_array()) << output;
+  ASSERT_EQ(series.size(), 8U) << series.dump();  // 2 rounds x 2 phases x (ECX, raw)
+  for (const auto& row : series) {
+    SCOPED_TRACE(row.dump());
+    const int round = row.value("round", 0);
+    ASSERT_TRUE(round == 1 || round == 2);
+    EXPECT_EQ(row.value("raw_first", round == 1), round == 2);
+  }
+  for (int round = 1; round <= 2; ++round) {
+    for (const char* name : {"ecx_e2e", "transport_raw"}) {
+      int rows = 0;
+      for (const auto& row : series) rows += row.value("round", 0) == round && row.value("series", "") == name;
+      EXPECT_EQ(rows, 2) << name << " in round " << round;
+    }
+  }
+  EXPECT_NE(output.find("round 1 of 2 (ECX first)"), std::string::npos) << output;
+  EXPECT_NE(output.find("round 2 of 2 (the raw plane first)"), std::string::npos) << output;
+}
+
 }  // namespace
 }  // namespace ecx::sim
