@@ -23,21 +23,41 @@ using namespace std::chrono_literals;
 
 std::string ecx_binary() { return std::string(ECX_BINARY_DIR) + "/bin/ecx"; }
 
-TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
-  const auto file = (std::filesystem::temp_directory_path() / "ecx-bench-e2e-test.json").string();
-  std::filesystem::remove(file);
-  auto child = ChildProcess::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ecx_binary(), "bench", "e2e", "--sizes",
-                                    "64KiB", "--count", "1500", "--latency-count", "20", "--pool-size", "64MiB",
-                                    "--no-baseline", "--json", file});
-  ASSERT_TRUE(child) << child.status().to_string();
+// What one `ecx bench e2e` run wrote: its --json series and its output.
+struct BenchRun {
+  json series;
   std::string output;
-  while (!child->eof()) {
-    if (auto line = child->read_line(200ms)) output += *line + "\n";
-  }
-  ASSERT_EQ(child->wait(60s).value_or(-1), 0) << output;
-  std::ifstream in(file);
-  const json series = json::parse(in, nullptr, false);
+  int exit = -1;
+};
+// `args` follow "bench e2e"; the series goes through a file named after `name`.
+BenchRun run_bench(const std::string& name, std::vector<std::string> args) {
+  const auto file = (std::filesystem::temp_directory_path() / ("ecx-bench-e2e-" + name + ".json")).string();
   std::filesystem::remove(file);
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ecx_binary(), "bench", "e2e"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--json", file});
+  BenchRun run;
+  auto child = ChildProcess::spawn(argv);
+  if (!child) {
+    run.output = child.status().to_string();
+    return run;
+  }
+  while (!child->eof()) {
+    if (auto line = child->read_line(200ms)) run.output += *line + "\n";
+  }
+  run.exit = child->wait(60s).value_or(-1);
+  std::ifstream in(file);
+  run.series = json::parse(in, nullptr, false);
+  std::filesystem::remove(file);
+  return run;
+}
+
+TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
+  const BenchRun run = run_bench("test", {"--sizes", "64KiB", "--count", "1500", "--latency-count", "20", "--pool-size",
+                                          "64MiB", "--no-baseline"});
+  const std::string& output = run.output;
+  const json& series = run.series;
+  ASSERT_EQ(run.exit, 0) << output;
   ASSERT_TRUE(series.is_array()) << output;
   ASSERT_EQ(series.size(), 2U) << series.dump();
   const std::string admit_io =
@@ -90,20 +110,11 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
 // --rounds alternates which runs first, ECX or the raw plane (on a shared machine the
 // first and the second runner meet different conditions); every round measures both.
 TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
-  const auto file = (std::filesystem::temp_directory_path() / "ecx-bench-e2e-rounds-test.json").string();
-  std::filesystem::remove(file);
-  auto child = ChildProcess::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ecx_binary(), "bench", "e2e", "--sizes",
-                                    "64KiB", "--count", "200", "--latency-count", "5", "--pool-size", "64MiB",
-                                    "--rounds", "2", "--json", file});
-  ASSERT_TRUE(child) << child.status().to_string();
-  std::string output;
-  while (!child->eof()) {
-    if (auto line = child->read_line(200ms)) output += *line + "\n";
-  }
-  ASSERT_EQ(child->wait(60s).value_or(-1), 0) << output;
-  std::ifstream in(file);
-  const json series = json::parse(in, nullptr, false);
-  std::filesystem::remove(file);
+  const BenchRun run = run_bench("rounds-test", {"--sizes", "64KiB", "--count", "200", "--latency-count", "5",
+                                                 "--pool-size", "64MiB", "--rounds", "2"});
+  const std::string& output = run.output;
+  const json& series = run.series;
+  ASSERT_EQ(run.exit, 0) << output;
   ASSERT_TRUE(series.is_array()) << output;
   ASSERT_EQ(series.size(), 8U) << series.dump();  // 2 rounds x 2 phases x (ECX, raw)
   for (const auto& row : series) {
