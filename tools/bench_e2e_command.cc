@@ -737,9 +737,8 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
       if (produced[k].contains("sleeps_per_item")) e2e["producer_sleeps_per_item"] = produced[k]["sleeps_per_item"];
       if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
-    std::optional<json> raw;
-    if (!round.raws[k].is_null()) raw = round.raws[k];
-    if (o.baseline && !raw) round.ok = false;
+    const json* raw = round.raws[k].is_null() ? nullptr : &round.raws[k];
+    if (o.baseline && raw == nullptr) round.ok = false;
     if (raw) {
       // One item at a time both sides pause between items (the hand-back, the raw
       // plane's gap), so their GB/s say little: the lone ratio below compares them.

@@ -477,6 +477,11 @@ std::optional<Topology> ControlClient::cached_topology(const std::string& base) 
   return it->second;
 }
 
+bool ControlClient::has_topology(const std::string& base) const {
+  std::lock_guard lock(state_->topology_mutex);
+  return state_->topologies.contains(base);
+}
+
 void ControlClient::forget_topology(const std::string& base) {
   std::lock_guard lock(state_->topology_mutex);
   state_->topologies.erase(base);

@@ -15,7 +15,6 @@
 
 #include <fmt/format.h>
 
-#include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/control/client.h"
 #include "ecx/core/node_stash.h"
@@ -113,6 +112,9 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   std::shared_ptr<const Clock> clock;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("producer");
   PushManager pushes;
+  // The largest submit that goes without waking the dispatcher (can_submit_quietly):
+  // direct_max_bytes as a push to any number of shards sees it.
+  const std::uint64_t quiet_submit_max_bytes;
   std::unique_ptr<control::ControlClient> client;
   transport::OwnedTransport transport;  // its counters are read by the metrics collector too
   bool one_sided = false;  // the data plane writes where the consumer's reserve said (sender-chosen landing)
@@ -177,8 +179,12 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     return {c.active + unstarted(), c.done + c.failed + c.cancelled};
   }
 
-  State(const Config& c, std::shared_ptr<const Clock> clk)
-      : config(c), clock(std::move(clk)), pushes(PushOptions::from_config(c), clock) {}
+  State(const Config& c, std::shared_ptr<const Clock> clk) : State(c, std::move(clk), PushOptions::from_config(c)) {}
+  State(const Config& c, std::shared_ptr<const Clock> clk, const PushOptions& options)
+      : config(c),
+        clock(std::move(clk)),
+        pushes(options, clock),
+        quiet_submit_max_bytes(std::min(options.direct_max_bytes, kDirectMaxBytesAcrossShards)) {}
 
   void count(std::uint64_t EngineCounters::*field, std::uint64_t by = 1) {
     std::lock_guard lock(counters_mutex);
@@ -211,16 +217,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
   bool can_submit_quietly(const PushSpec& spec) const {
     if (quiet_submit_max_bytes == 0 || spec.spec.nbytes() > quiet_submit_max_bytes) return false;
     if (idle_waiters.load(std::memory_order_acquire) > 0) return false;  // wait_idle wants every pass now
-    std::lock_guard lock(known_consumers_mutex);
-    return known_consumers.contains(spec.consumer_address);
-  }
-  // Set once at start: direct_max_bytes as a push to any number of shards sees it.
-  std::uint64_t quiet_submit_max_bytes = 0;
-  mutable std::mutex known_consumers_mutex;
-  IdSet known_consumers;  // guarded by known_consumers_mutex: bases with a topology (written by the dispatcher)
-  void note_known_consumer(const std::string& base) {
-    std::lock_guard lock(known_consumers_mutex);
-    known_consumers.insert(base);
+    return client->has_topology(spec.consumer_address);
   }
 
   void add_failure(FailedSave failure) {
@@ -345,7 +342,6 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     if (auto it = topologies.find(base); it != topologies.end()) return &it->second;
     auto cached = client->cached_topology(base);
     if (!cached) return nullptr;
-    note_known_consumer(base);
     return &(topologies[base] = std::move(*cached));
   }
   // A shard failed in a way that may mean the consumer restarted (new data-plane
@@ -435,7 +431,7 @@ struct PushEngine::State : std::enable_shared_from_this<PushEngine::State> {
     for (auto& spec : specs) {
       hashes.insert(spec.mm_hash);
       if (result.topology) {
-        if (topologies.insert_or_assign(result.base, *result.topology).second) note_known_consumer(result.base);
+        topologies[result.base] = *result.topology;
         start_push(spec, static_cast<int>(result.topology->shards.size()), actions);
       } else {
         count(&EngineCounters::topology_failures);
@@ -790,8 +786,6 @@ Result<std::unique_ptr<PushEngine>> PushEngine::start(const Config& config, std:
   auto client = control::ControlClient::create(std::move(client_options));
   if (!client) return client.status();
   state->client = std::move(*client);
-  const std::uint64_t direct_max = PushOptions::from_config(config).direct_max_bytes;
-  state->quiet_submit_max_bytes = std::min(direct_max, kDirectMaxBytesAcrossShards);
   state->dispatcher = std::thread([raw = state.get()] {
     name_this_thread("ecx-push");
     raw->run();
@@ -806,16 +800,20 @@ PushEngine::PushEngine(std::shared_ptr<State> state) : state_(std::move(state)) 
 PushEngine::~PushEngine() { shutdown(seconds_to_duration(state_->config.shutdown_drain_timeout_s)); }
 
 void PushEngine::submit(PushSpec spec) {
+  bool wake = true;
   {
     std::lock_guard lock(state_->inbox_mutex);
     if (!state_->accepting) {
       state_->add_failure(spec, "the producer is shutting down");
       return;
     }
+    // Asked while accepting holds: shutdown drops the control client only after it
+    // cleared accepting under this lock. (The client never takes this lock while it
+    // holds its topology lock.)
+    wake = !state_->can_submit_quietly(spec);
   }
   state_->count(&EngineCounters::submitted);
   state_->submits_queued.fetch_add(1, std::memory_order_acq_rel);
-  const bool wake = !state_->can_submit_quietly(spec);
   InboxItem command = SubmitCommand{std::move(spec), state_->clock->now()};
   if (!state_->enqueue_or_keep(command, wake)) {
     state_->submits_queued.fetch_sub(1, std::memory_order_acq_rel);

@@ -130,6 +130,8 @@ class ControlClient {
   void discover_async(const std::string& base, Duration timeout, const TopologyCallback& done);
   Result<Topology> discover(const std::string& base, Duration timeout = Duration{0});
   std::optional<Topology> cached_topology(const std::string& base) const;
+  // Whether a confirmed topology of `base` is cached (cached_topology without the copy).
+  bool has_topology(const std::string& base) const;
   // Drops the cached topology (e.g. after the consumer restarted).
   void forget_topology(const std::string& base);
 

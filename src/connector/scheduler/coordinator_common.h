@@ -29,12 +29,11 @@ inline std::shared_ptr<spdlog::logger> coordinator_logger() {
 
 inline std::string_view shorten(std::string_view id, std::size_t n = 64) { return id.substr(0, n); }
 
-// The invented name of item `index` when the request names no transfer for it; the
-// other side does not know it, so nothing can cancel it remotely.
-// The transfer id of an item the proxy named none for, made the same way by the
-// encoder's and the consumer's side: "<request_id>:<index>", the request id made an id
-// (id_from_text): as it was, a request id with a character outside the id alphabet
-// named a push that failed validation, and the consumer waited for it until timeout.
+// The invented name of item `index` when the request names no transfer for it, made
+// the same way by the encoder's and the consumer's side; the other side does not know
+// it, so nothing can cancel it remotely. The request id is made an id (id_from_text):
+// as it was, a request id with a character outside the id alphabet named a push that
+// failed validation, and the consumer waited for it until timeout.
 inline std::string fallback_id(const RequestView& request, std::size_t index) {
   constexpr std::size_t kIndexRoom = 21;  // ':' and up to 20 digits
   return fmt::format("{}:{}", id_from_text(request.request_id, kMaxIdLength - kIndexRoom), index);
