@@ -49,9 +49,11 @@ void set_common_options(zmq::socket_t& socket, const wire::Limits& limits) {
   socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(std::max<std::size_t>(limits.max_frame_bytes, 64)));
 }
 
-std::optional<Message> receive(zmq::socket_t& socket, std::size_t keep) {
-  zmq::message_t part;
-  if (!socket.recv(part, zmq::recv_flags::dontwait)) return std::nullopt;
+namespace {
+
+// The message whose first part is `part`: its other parts are queued already
+// (atomic delivery), so reading them never waits.
+Message rest_of(zmq::socket_t& socket, zmq::message_t part, std::size_t keep) {
   Message message;
   message.parts.reserve(keep);  // one allocation, not one per part kept
   for (;;) {
@@ -64,6 +66,32 @@ std::optional<Message> receive(zmq::socket_t& socket, std::size_t keep) {
     if (!socket.recv(part, zmq::recv_flags::dontwait)) break;
   }
   return message;
+}
+
+}  // namespace
+
+std::optional<Message> receive(zmq::socket_t& socket, std::size_t keep) {
+  zmq::message_t part;
+  if (!socket.recv(part, zmq::recv_flags::dontwait)) return std::nullopt;
+  return rest_of(socket, std::move(part), keep);
+}
+
+std::optional<Message> receive_waiting(zmq::socket_t& socket, std::size_t keep, std::chrono::milliseconds wait,
+                                       int& error) {
+  error = 0;
+  const int timeout_ms = static_cast<int>(std::clamp<std::int64_t>(wait.count(), 0, std::numeric_limits<int>::max()));
+  if (zmq_setsockopt(socket.handle(), ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms) != 0) {
+    error = zmq_errno();
+    return std::nullopt;
+  }
+  // The C call, not cppzmq's: a signal (EINTR) is no failure here, and nothing throws
+  // out of a caller's blocking call.
+  zmq::message_t part;
+  if (zmq_msg_recv(part.handle(), socket.handle(), 0) < 0) {
+    if (const int e = zmq_errno(); e != EAGAIN && e != EINTR) error = e;
+    return std::nullopt;
+  }
+  return rest_of(socket, std::move(part), keep);
 }
 
 std::string_view view(const zmq::message_t& part) {

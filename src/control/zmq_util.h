@@ -57,6 +57,11 @@ struct Message {
 };
 // Non-blocking; nullopt when nothing is queued.
 std::optional<Message> receive(zmq::socket_t& socket, std::size_t keep);
+// Waits up to `wait` for a message, in ZeroMQ's own blocking receive (the socket's
+// ZMQ_RCVTIMEO is set to it). nullopt when none came in time or a signal cut the wait
+// short (`error` 0), or when the socket failed (`error` its errno).
+std::optional<Message> receive_waiting(zmq::socket_t& socket, std::size_t keep, std::chrono::milliseconds wait,
+                                       int& error);
 
 std::string_view view(const zmq::message_t& part);
 

@@ -1,3 +1,6 @@
+#include <pthread.h>
+
+#include <csignal>
 #include <future>
 #include <optional>
 #include <thread>
@@ -281,6 +284,33 @@ TEST(ControlLanes, CloseEndsABlockingCallInFlightWithCancelled) {
   ASSERT_EQ(call.wait_for(10s), std::future_status::ready) << "close() waits for the lane, not for the 60 s deadline";
   EXPECT_EQ(call.get().status().code(), StatusCode::cancelled);
   EXPECT_EQ(client->hello(router.address, 1s).status().code(), StatusCode::cancelled) << "refused after close";
+}
+
+// A handler installed without SA_RESTART: each signal cuts the caller's wait short
+// (EINTR), as a Python process's signal handling or a profiler's timer would.
+extern "C" void ignore_signal(int) {}
+
+TEST(ControlLanes, ASignalToABlockingCallerDoesNotEndItsCall) {
+  struct sigaction action {};
+  action.sa_handler = ignore_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction previous {};
+  ASSERT_EQ(sigaction(SIGUSR1, &action, &previous), 0);
+  HandDrivenRouter router;
+  auto client = testing::must(ControlClient::create(ClientOptions{}));
+  std::promise<Result<wire::StatusReply>> outcome;
+  std::thread caller([&] { outcome.set_value(client->status(router.address, "x", 60s)); });
+  auto request = router.next_request();
+  ASSERT_TRUE(request.has_value()) << "the call is in flight";
+  // Sent: the caller waits for its reply from here on.
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(pthread_kill(caller.native_handle(), SIGUSR1), 0);
+  router.answer_status(request->first, request->second.id, "answered");
+  auto reply = outcome.get_future().get();
+  caller.join();
+  sigaction(SIGUSR1, &previous, nullptr);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  EXPECT_EQ(reply->state, "answered");
+  EXPECT_EQ(client->counters().lane_calls, 1u) << "the blocking call took a lane";
 }
 
 TEST_F(ControlRoundTrip, ManyBlockingCallersShareFewLanesAndEachGetsItsOwnReply) {
