@@ -388,42 +388,47 @@ struct ConsumerSim::State {
     while (true) {
       zmq::message_t identity;
       if (!admit.recv(identity, zmq::recv_flags::dontwait)) break;
-      zmq::message_t message;
-      if (!identity.more() || !admit.recv(message, zmq::recv_flags::dontwait)) continue;
-      while (message.more()) {  // extra frames: not ours
-        zmq::message_t extra;
-        if (!admit.recv(extra, zmq::recv_flags::dontwait)) break;
-        if (!extra.more()) break;
+      // Each part after the producer's identity is one admit message: a producer
+      // sends a step's requests as the parts of one message (see run_producer).
+      bool more = identity.more();
+      while (more) {
+        zmq::message_t message;
+        if (!admit.recv(message, zmq::recv_flags::dontwait)) break;
+        more = message.more();
+        admit_one(identity, message);
       }
-      auto decoded = decode_admit(message.to_string_view());
-      if (!decoded) {
-        log->warn("ignoring an unreadable admit message: {}", decoded.status().to_string());
-        continue;
-      }
-      if (const auto* done = std::get_if<AdmitDone>(&*decoded)) {
-        // Done once every producer said so; the requests expected are all of theirs.
-        expected += done->requests;
-        producer_done = ++producers_done >= std::max(1, options.producers);
-        continue;
-      }
-      auto& request = std::get<AdmitRequest>(*decoded);
-      Pending p;
-      p.admitted = options.clock->now();
-      if (request.encoded_at_ns) p.encoded = TimePoint(Duration(*request.encoded_at_ns));
-      p.sender = identity.to_string();
-      p.wants_answer = request.wants_answer;
-      p.items = std::move(request.items);  // a store item names no transfer
-      p.view.request_id = std::move(request.request_id);
-      p.view.mm_features = features_of(p.items);
-      // What a proxy forwards: the encoder's ec_transfer_params as they are (its
-      // ec_items, mm_hash + transfer_id, and the handles under each hash), or
-      // {mm_hash, "store": true} items for what it found in the store. ECX reads them
-      // (read_params), outside the simulator's own time.
-      p.params_text = std::move(request.ec_transfer_params);
-      ++result.progress.requests_admitted;
-      order.push_back(p.view.request_id);
-      pending.emplace(p.view.request_id, std::move(p));
     }
+  }
+
+  void admit_one(const zmq::message_t& identity, const zmq::message_t& message) {
+    auto decoded = decode_admit(message.to_string_view());
+    if (!decoded) {
+      log->warn("ignoring an unreadable admit message: {}", decoded.status().to_string());
+      return;
+    }
+    if (const auto* done = std::get_if<AdmitDone>(&*decoded)) {
+      // Done once every producer said so; the requests expected are all of theirs.
+      expected += done->requests;
+      producer_done = ++producers_done >= std::max(1, options.producers);
+      return;
+    }
+    auto& request = std::get<AdmitRequest>(*decoded);
+    Pending p;
+    p.admitted = options.clock->now();
+    if (request.encoded_at_ns) p.encoded = TimePoint(Duration(*request.encoded_at_ns));
+    p.sender = identity.to_string();
+    p.wants_answer = request.wants_answer;
+    p.items = std::move(request.items);  // a store item names no transfer
+    p.view.request_id = std::move(request.request_id);
+    p.view.mm_features = features_of(p.items);
+    // What a proxy forwards: the encoder's ec_transfer_params as they are (its
+    // ec_items, mm_hash + transfer_id, and the handles under each hash), or
+    // {mm_hash, "store": true} items for what it found in the store. ECX reads them
+    // (read_params), outside the simulator's own time.
+    p.params_text = std::move(request.ec_transfer_params);
+    ++result.progress.requests_admitted;
+    order.push_back(p.view.request_id);
+    pending.emplace(p.view.request_id, std::move(p));
   }
 
   // ECX reads the ec_transfer_params of the requests admitted from `order[first]` on,
@@ -1099,7 +1104,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       const auto text =
           encode_admit(AdmitRequestView{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
                                         o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
-      admit.send(zmq::buffer(text), zmq::send_flags::none);
+      // The step's requests go as the parts of one message: ZeroMQ hands a message
+      // to its I/O thread at the last part, so the channel wakes once per step.
+      admit.send(zmq::buffer(text), b + 1 < batch.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       admitting.stop(result.sim_ns);
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
       ++result.requests;
