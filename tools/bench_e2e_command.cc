@@ -252,9 +252,10 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
   const TextTable table(
       {{"size", 8}, {"phase", 10}, {"process", 8}, {"thread", 34}, {"us/item", 8}, {"sleeps/item", 11}});
   const unsigned cpus = std::max(1U, std::thread::hardware_concurrency());
-  std::cout << "\nCPU per item (each process's threads during its phase, by name; the engine threads split into "
-               "the simulator's own work and ECX's calls, their sleeps, waits in ECX's calls included, on the "
-               "first); sleeps/item: how often the threads went to sleep per item, each a wake-up later:\n";
+  std::cout << "\nCPU per item (each process's threads during its phase after the warm-up, by name; the engine "
+               "threads split into the simulator's own work and ECX's calls, their sleeps, waits in ECX's calls "
+               "included, on the first); sleeps/item: how often the threads went to sleep per item, each a wake-up "
+               "later:\n";
   table.print_header(std::cout);
   for (std::size_t k = 0; k < phases.size(); ++k) {
     const json& e2e = phases[k];
@@ -343,6 +344,8 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   // every byte of one item in 16 (ecx demo and the tests check every byte).
   options.content_check = sim::ContentCheck::sampled;
   const std::uint64_t warmup = warmup_items(phase.items, phase.window);
+  // The CPU table counts the measured items only, as the raw plane's does.
+  options.warm_up_requests = warmup;
   const auto stages_before = stages::snapshot();
   auto consumer = sim::ConsumerSim::start(std::move(options));
   if (!consumer) return consumer.status();
@@ -367,29 +370,31 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   const double seconds = window_end - window_start;
   const auto measured = static_cast<double>(ttr_us.size());
   const double per_s = seconds > 0 ? measured / seconds : 0;
-  json out{{"event", "phase"},
-           {"series", "ecx_e2e"},
-           {"phase", phase.name},
-           {"size_bytes", phase.size},
-           {"window", phase.window},
-           {"tp", o.tp},
-           {"items", phase.items},
-           {"items_ready", r.progress.requests_ready},
-           {"items_failed", r.progress.requests_failed},
-           {"warmup_items", warmup},
-           {"per_s", per_s},
-           {"gbps", per_s * static_cast<double>(phase.size) / 1e9},
-           {"p50_us", sim::percentile(ttr_us, 50)},
-           {"p99_us", sim::percentile(ttr_us, 99)},
-           {"sim_us_per_item",
-            r.items_ready > 0 ? static_cast<double>(r.sim_engine_ns) / 1e3 / static_cast<double>(r.items_ready) : 0.0},
-           {"cpu_us_per_item", cpu_per_item(r.thread_cpu_ns, r.items_ready)},
-           {"sleeps_per_item", sleeps_per_item(r.thread_sleeps, r.items_ready)},
-           {"leaked_pool_bytes", r.leaked_pool_bytes},
-           {"checksum_mismatches", r.checksum_mismatches},
-           {"content_mismatches", r.content_mismatches},
-           {"invariant_error", r.invariant_error},
-           {"stages", stage_report(stages_before, kConsumerStages)}};
+  json out{
+      {"event", "phase"},
+      {"series", "ecx_e2e"},
+      {"phase", phase.name},
+      {"size_bytes", phase.size},
+      {"window", phase.window},
+      {"tp", o.tp},
+      {"items", phase.items},
+      {"items_ready", r.progress.requests_ready},
+      {"items_failed", r.progress.requests_failed},
+      {"warmup_items", warmup},
+      {"per_s", per_s},
+      {"gbps", per_s * static_cast<double>(phase.size) / 1e9},
+      {"p50_us", sim::percentile(ttr_us, 50)},
+      {"p99_us", sim::percentile(ttr_us, 99)},
+      {"sim_us_per_item",
+       r.window_items > 0 ? static_cast<double>(r.sim_engine_ns) / 1e3 / static_cast<double>(r.window_items) : 0.0},
+      {"cpu_us_per_item", cpu_per_item(r.thread_cpu_ns, r.window_items)},
+      {"cpu_items", r.window_items},
+      {"sleeps_per_item", sleeps_per_item(r.thread_sleeps, r.window_items)},
+      {"leaked_pool_bytes", r.leaked_pool_bytes},
+      {"checksum_mismatches", r.checksum_mismatches},
+      {"content_mismatches", r.content_mismatches},
+      {"invariant_error", r.invariant_error},
+      {"stages", stage_report(stages_before, kConsumerStages)}};
   if (!encoded_us.empty()) {
     out["encoded_p50_us"] = sim::percentile(encoded_us, 50);
     out["encoded_p99_us"] = sim::percentile(encoded_us, 99);
@@ -515,6 +520,7 @@ int run_producer_role(const E2eOptions& o) {
     if (phase.window == 1) options.max_unresolved = 1;
     options.deadline = seconds_to_duration(o.phase_timeout_s);
     options.workload.requests = static_cast<int>(phase.items + warmup_items(phase.items, phase.window));
+    options.warm_up_requests = warmup_items(phase.items, phase.window);
     options.workload.min_images = 1;
     options.workload.max_images = 1;
     options.workload.repeat_fraction = 0;
@@ -535,9 +541,11 @@ int run_producer_role(const E2eOptions& o) {
                       {"retry_afters", r->retry_afters},
                       {"max_in_flight", r->max_in_flight},
                       {"sim_us_per_item",
-                       r->items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->items) : 0.0},
-                      {"cpu_us_per_item", cpu_per_item(r->thread_cpu_ns, r->items)},
-                      {"sleeps_per_item", sleeps_per_item(r->thread_sleeps, r->items)},
+                       r->window_items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->window_items)
+                                           : 0.0},
+                      {"cpu_us_per_item", cpu_per_item(r->thread_cpu_ns, r->window_items)},
+                      {"cpu_items", r->window_items},
+                      {"sleeps_per_item", sleeps_per_item(r->thread_sleeps, r->window_items)},
                       {"wall_s", r->wall_s},
                       {"stages", stage_report(stages_before, kProducerStages)}}
                      .dump()
@@ -735,6 +743,7 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
       e2e["producer_sim_us_per_item"] = produced[k].value("sim_us_per_item", 0.0);
       if (produced[k].contains("cpu_us_per_item")) e2e["producer_cpu_us_per_item"] = produced[k]["cpu_us_per_item"];
       if (produced[k].contains("sleeps_per_item")) e2e["producer_sleeps_per_item"] = produced[k]["sleeps_per_item"];
+      e2e["producer_cpu_items"] = produced[k].value("cpu_items", std::uint64_t{0});
       if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
     const json* raw = round.raws[k].is_null() ? nullptr : &round.raws[k];

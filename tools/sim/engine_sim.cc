@@ -44,6 +44,9 @@ constexpr auto kBusyPause = std::chrono::microseconds(50);
 // item) and raised the rate 5%.
 constexpr auto kIdleStepCap = std::chrono::milliseconds(10);
 constexpr std::uint64_t kFullCheckEvery = 16;  // ContentCheck::sampled
+// The simulator's regions of work over at least this many bytes are always timed
+// (SampledCpuTime::start_always); smaller ones are sampled.
+constexpr std::uint64_t kAlwaysTimedBytes = 1 << 20;
 // Longest wait, after the run, for the shards to answer the scheduler's last cancels.
 constexpr auto kSettleLimit = std::chrono::seconds(5);
 
@@ -612,7 +615,9 @@ struct ConsumerSim::State {
       for (const auto& h : report.loaded) rs.loaded_at[h] = now;
     }
     rs.meta = workers[rank]->build_worker_meta();
-    auto checking = sampler.start();
+    std::uint64_t checked_bytes = 0;
+    for (const Item* item : used) checked_bytes += item->spec.nbytes();
+    auto checking = checked_bytes >= kAlwaysTimedBytes ? sampler.start_always() : sampler.start();
     for (const Item* item : used) {
       if (rs.bad.count(item->mm_hash)) continue;
       if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) {  // reported by the worker; dropped below
@@ -777,12 +782,22 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   auto& s = *state_;
   name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
   auto cpu_before = ThreadCpu::now();
+  // Where the CPU window opened (warm_up_requests).
+  bool window_open = s.options.warm_up_requests == 0;
+  std::uint64_t sim_ns_before = 0;
+  std::uint64_t ready_before = 0;  // items
   const auto started = s.options.clock->now();
   s.run_started = started;
   const auto deadline = started + s.options.deadline;
   auto next_progress = started + s.options.progress_interval;
   while (s.options.clock->now() < deadline && !(stop && stop->load())) {
     const bool progressed = s.step();
+    if (!window_open && s.result.progress.requests_ready >= s.options.warm_up_requests) {
+      window_open = true;
+      cpu_before = ThreadCpu::now();
+      sim_ns_before = s.result.sim_engine_ns;
+      ready_before = s.result.items_ready;
+    }
     if (s.producer_done && s.pending.empty() && s.result.progress.requests_admitted >= s.expected) break;
     if (s.options.on_step) s.options.on_step(s.snapshot(started));
     if (s.options.on_progress && s.options.clock->now() >= next_progress) {
@@ -796,7 +811,10 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       // the producer's start-up (its pools: seconds), stepping once a millisecond, which
       // cost 0.2-0.4 s of this thread's CPU and, spread over the items, was counted as
       // ECX's (about 1 ms per item in a 300-item phase).
-      if (s.result.progress.requests_admitted == 0 && (item.revents & ZMQ_POLLIN) != 0) cpu_before = ThreadCpu::now();
+      if (s.options.warm_up_requests == 0 && s.result.progress.requests_admitted == 0 &&
+          (item.revents & ZMQ_POLLIN) != 0) {
+        cpu_before = ThreadCpu::now();
+      }
     } else if (!progressed) {
       // Requests wait for their transfers: the next step comes as soon as a transfer
       // event or a new request arrives (one poll for both), as an engine stepping
@@ -810,6 +828,8 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   const auto cpu_after = ThreadCpu::now();
   s.result.thread_cpu_ns = cpu_after.used_since(cpu_before);
   s.result.thread_sleeps = cpu_after.sleeps_since(cpu_before);
+  s.result.sim_engine_ns -= sim_ns_before;
+  s.result.window_items = s.result.items_ready - ready_before;
   // Whatever is still pending at the deadline failed.
   for (const auto& id : std::vector<std::string>(s.order)) s.fail_unscheduled(id);
   // Give the engine's frees back and let the shards acknowledge the scheduler's last
@@ -926,7 +946,11 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   std::shared_ptr<LentOutputs> lent_outputs;
   if (o.config.zero_copy_saves) lent_outputs = std::make_shared<LentOutputs>(o.config.buffer_size, o.config.prefault);
   name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
-  const auto cpu_before = ThreadCpu::now();
+  auto cpu_before = ThreadCpu::now();
+  // Where the CPU window opened (warm_up_requests).
+  bool window_open = o.warm_up_requests == 0;
+  std::uint64_t sim_ns_before = 0;
+  std::uint64_t items_before = 0;
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
@@ -939,6 +963,12 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   std::vector<std::string_view> encoded;
   result.rounds = 1;
   while (o.clock->now() < deadline && !(stop && stop->load())) {
+    if (!window_open && result.requests >= o.warm_up_requests) {
+      window_open = true;
+      cpu_before = ThreadCpu::now();
+      sim_ns_before = result.sim_ns;
+      items_before = result.items;
+    }
     if (next >= workload.size() && o.clock->now() - started < o.run_for) {
       WorkloadOptions round = o.workload;
       round.seed = o.workload.seed + result.rounds;
@@ -1074,7 +1104,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         auto block = lent_outputs ? lent_outputs->take(item.spec.nbytes()) : std::nullopt;
         if (!block) buffer.resize(item.spec.nbytes());
         const std::span<std::byte> output = block ? block->first : std::span<std::byte>(buffer);
-        auto filling = sim_cpu.start();
+        auto filling = output.size() >= kAlwaysTimedBytes ? sim_cpu.start_always() : sim_cpu.start();
         if (block) {
           stamp_content(item.mm_hash, output);  // the arena holds the body already
         } else {
@@ -1142,6 +1172,8 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   const auto cpu_after = ThreadCpu::now();
   result.thread_cpu_ns = cpu_after.used_since(cpu_before);
   result.thread_sleeps = cpu_after.sleeps_since(cpu_before);
+  result.sim_ns -= sim_ns_before;
+  result.window_items = result.items - items_before;
   (void)worker.wait_published(std::chrono::seconds(2));  // best effort: what is left is dropped, counted
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;

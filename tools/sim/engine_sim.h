@@ -107,6 +107,10 @@ struct ConsumerResult {
   // admit channel's I/O thread.
   std::map<std::string, std::uint64_t> thread_cpu_ns;
   std::map<std::string, std::uint64_t> thread_sleeps;  // the same threads' sleeps (ThreadCpu::sleeps_since)
+  // Items ready within that CPU window (it opens at ConsumerSimOptions::
+  // warm_up_requests): the divisor of its per-item figures. sim_engine_ns counts the
+  // same window.
+  std::uint64_t window_items = 0;
   bool producer_done = false;
   double wall_s = 0;
 };
@@ -121,7 +125,11 @@ struct ConsumerSimOptions {
   Config config;  // consumer role; layout.tp_size = ranks run here
   ContentCheck content_check = ContentCheck::full;
   std::string admit_bind = "tcp://127.0.0.1:0";
-  int producers = 1;                             // encoders feeding this consumer: done once each said so
+  int producers = 1;  // encoders feeding this consumer: done once each said so
+  // The CPU window (thread_cpu_ns, sim_engine_ns) opens once this many requests are
+  // ready, so that a bench's per-item CPU leaves its warm-up out, as the raw data
+  // plane's does; 0: at the first request.
+  std::uint64_t warm_up_requests = 0;
   Duration deadline = std::chrono::minutes(10);  // the whole run
   // Once the producer said it is done: how long to wait for the last requests
   // (their pushes may have failed; the scheduler fails them by push_wait_timeout).
@@ -181,10 +189,12 @@ struct ProducerResult {
   std::uint64_t store_hits = 0;               // answered present: loaded from the store, not encoded
   std::uint64_t store_prefetch_timeouts = 0;  // prefetches the worker never answered in time (encoded)
   worker::StoreWorkerCounters store;
-  // CPU time of this process's threads from the first request to the end, by thread
-  // name (as ConsumerResult's), and their sleeps.
+  // CPU time of this process's threads from the first request (or the end of the
+  // warm-up, ProducerSimOptions::warm_up_requests) to the end, by thread name (as
+  // ConsumerResult's), and their sleeps; sim_ns counts the same window.
   std::map<std::string, std::uint64_t> thread_cpu_ns;
   std::map<std::string, std::uint64_t> thread_sleeps;
+  std::uint64_t window_items = 0;  // items handed over within that window: the per-item divisor
   double wall_s = 0;
 };
 
@@ -210,6 +220,9 @@ struct ProducerSimOptions {
   // > 0: new requests also wait while this many were forwarded to the consumer and not
   // yet answered as resolved there (1: one request at a time, end to end).
   int max_unresolved = 0;
+  // The CPU window (thread_cpu_ns, sim_ns) opens once this many requests were handed
+  // to the consumer (see ConsumerSimOptions::warm_up_requests).
+  std::uint64_t warm_up_requests = 0;
   Duration deadline = std::chrono::minutes(10);
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
 };

@@ -112,6 +112,15 @@ SampledCpuTime::Region SampledCpuTime::start() {
   return region;
 }
 
+SampledCpuTime::Region SampledCpuTime::start_always() {
+  Region region;
+  region.clock_ = &clock_;
+  region.weight_ = 1;
+  ++clock_reads_;
+  region.started_ns_ = clock_();
+  return region;
+}
+
 void SampledCpuTime::Region::stop(std::uint64_t& total_ns) {
   if (clock_ == nullptr) return;
   const std::uint64_t now = (*clock_)();

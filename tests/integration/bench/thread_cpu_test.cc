@@ -129,5 +129,23 @@ TEST(SampledCpuTime, ReadsTheClockForOneRegionInEveryAndScalesWhatItRead) {
   EXPECT_EQ(every_region.clock_reads(), 10u);
 }
 
+// A large region is read every time and counted once, among sampled small ones.
+TEST(SampledCpuTime, AnAlwaysTimedRegionCountsExactlyItsOwnTime) {
+  std::uint64_t fake_ns = 0;
+  SampledCpuTime sampler(7, 8, [&] { return fake_ns; });
+  std::uint64_t large = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto small = sampler.start();
+    fake_ns += 100;
+    std::uint64_t ignored = 0;
+    small.stop(ignored);
+    auto region = sampler.start_always();
+    fake_ns += 50'000;
+    region.stop(large);
+    region.stop(large);  // once
+  }
+  EXPECT_EQ(large, 10u * 50'000u);
+}
+
 }  // namespace
 }  // namespace ecx::sim
