@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -173,20 +174,33 @@ class AdmitChannel {
     endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
   }
   const std::string& endpoint() const { return endpoint_; }
-  // The next message, or nullopt after `timeout` (or for one it cannot read).
-  std::optional<std::variant<sim::AdmitRequest, sim::AdmitDone>> next(std::chrono::milliseconds timeout) {
-    zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) <= 0) return std::nullopt;
-    zmq::message_t identity;  // the producer's routing id (a ROUTER, as the consumer simulator)
-    if (!socket_.recv(identity, zmq::recv_flags::dontwait) || !identity.more()) return std::nullopt;
-    zmq::message_t message;
-    if (!socket_.recv(message, zmq::recv_flags::dontwait)) return std::nullopt;
-    auto decoded = sim::decode_admit(message.to_string_view());
-    if (!decoded) return std::nullopt;
-    return std::move(*decoded);
+  using Admit = std::variant<sim::AdmitRequest, sim::AdmitDone>;
+  // The next admit message, or nullopt after `timeout` (or for one it cannot read).
+  std::optional<Admit> next(std::chrono::milliseconds timeout) {
+    if (queued_.empty()) receive(timeout);
+    if (queued_.empty()) return std::nullopt;
+    Admit next = std::move(queued_.front());
+    queued_.pop_front();
+    return next;
   }
 
  private:
+  // One ZeroMQ message: the producer's routing id (a ROUTER, as the consumer
+  // simulator), then one admit message per part (a step's requests travel together).
+  void receive(std::chrono::milliseconds timeout) {
+    zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) <= 0) return;
+    zmq::message_t identity;
+    if (!socket_.recv(identity, zmq::recv_flags::dontwait)) return;
+    for (bool more = identity.more(); more;) {
+      zmq::message_t part;
+      if (!socket_.recv(part, zmq::recv_flags::dontwait)) return;
+      more = part.more();
+      if (auto decoded = sim::decode_admit(part.to_string_view())) queued_.push_back(std::move(*decoded));
+    }
+  }
+
+  std::deque<Admit> queued_;
   zmq::context_t context_{1};
   zmq::socket_t socket_{context_, zmq::socket_type::router};
   std::string endpoint_;
