@@ -166,7 +166,8 @@ constexpr std::initializer_list<stages::Stage> kConsumerStages = {
 void print_stage_table(const std::vector<json>& phases) {
   const TextTable table(
       {{"size", 8}, {"phase", 10}, {"stage", 15}, {"count", 7}, {"mean us", 9}, {"p50 us", 9}, {"p99 us", 9}});
-  std::cout << "\nper stage (ecx_transfer_stage_seconds; producer stages first, then the consumer's):\n";
+  std::cout << "\nper stage (ecx_transfer_stage_seconds after the warm-up; producer stages first, then the "
+               "consumer's):\n";
   table.print_header(std::cout);
   for (const auto& e2e : phases) {
     if (!e2e.contains("stages")) continue;
@@ -344,9 +345,10 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   // every byte of one item in 16 (ecx demo and the tests check every byte).
   options.content_check = sim::ContentCheck::sampled;
   const std::uint64_t warmup = warmup_items(phase.items, phase.window);
-  // The CPU table counts the measured items only, as the raw plane's does.
+  // The CPU and stage tables count the measured items only, as the raw plane's do.
   options.warm_up_requests = warmup;
-  const auto stages_before = stages::snapshot();
+  auto stages_before = stages::snapshot();
+  options.on_warmed_up = [&stages_before] { stages_before = stages::snapshot(); };
   auto consumer = sim::ConsumerSim::start(std::move(options));
   if (!consumer) return consumer.status();
   std::cout << json{{"event", "listening"}, {"admit", (*consumer)->admit_endpoint()}}.dump() << std::endl;
@@ -521,12 +523,13 @@ int run_producer_role(const E2eOptions& o) {
     options.deadline = seconds_to_duration(o.phase_timeout_s);
     options.workload.requests = static_cast<int>(phase.items + warmup_items(phase.items, phase.window));
     options.warm_up_requests = warmup_items(phase.items, phase.window);
+    auto stages_before = stages::snapshot();
+    options.on_warmed_up = [&stages_before] { stages_before = stages::snapshot(); };
     options.workload.min_images = 1;
     options.workload.max_images = 1;
     options.workload.repeat_fraction = 0;
     options.workload.fixed_bytes = phase.size;
     options.workload.id_prefix = fmt::format("e2e{}-{}", k, ::getpid());
-    const auto stages_before = stages::snapshot();
     auto r = sim::run_producer(options, &g_stop);
     if (!r) {
       std::cerr << "ecx bench e2e producer: " << r.status().message() << "\n";

@@ -797,6 +797,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       cpu_before = ThreadCpu::now();
       sim_ns_before = s.result.sim_engine_ns;
       ready_before = s.result.items_ready;
+      if (s.options.on_warmed_up) s.options.on_warmed_up();
     }
     if (s.producer_done && s.pending.empty() && s.result.progress.requests_admitted >= s.expected) break;
     if (s.options.on_step) s.options.on_step(s.snapshot(started));
@@ -968,6 +969,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       cpu_before = ThreadCpu::now();
       sim_ns_before = result.sim_ns;
       items_before = result.items;
+      if (o.on_warmed_up) o.on_warmed_up();
     }
     if (next >= workload.size() && o.clock->now() - started < o.run_for) {
       WorkloadOptions round = o.workload;

@@ -130,6 +130,9 @@ struct ConsumerSimOptions {
   // ready, so that a bench's per-item CPU leaves its warm-up out, as the raw data
   // plane's does; 0: at the first request.
   std::uint64_t warm_up_requests = 0;
+  // Called once on the engine thread when that window opens after a warm-up (a bench
+  // starts its other figures there too).
+  std::function<void()> on_warmed_up;
   Duration deadline = std::chrono::minutes(10);  // the whole run
   // Once the producer said it is done: how long to wait for the last requests
   // (their pushes may have failed; the scheduler fails them by push_wait_timeout).
@@ -223,6 +226,7 @@ struct ProducerSimOptions {
   // The CPU window (thread_cpu_ns, sim_ns) opens once this many requests were handed
   // to the consumer (see ConsumerSimOptions::warm_up_requests).
   std::uint64_t warm_up_requests = 0;
+  std::function<void()> on_warmed_up;  // as ConsumerSimOptions'
   Duration deadline = std::chrono::minutes(10);
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
 };

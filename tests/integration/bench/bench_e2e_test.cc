@@ -80,6 +80,12 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
       EXPECT_LE(row.value(key, -1), row.value("items", 0)) << key;
       EXPECT_GT(row.value(key, 0), row.value("items", 0) - 2 * row.value("window", 0) - 8) << key;
     }
+    // So does the stage table (a warm-up item still on the wire when it ends is in).
+    for (const char* stage : {"wire", "landing"}) {
+      const int count = row.at("stages").at(stage).value("count", -1);
+      EXPECT_LE(count, row.value("items", 0) + row.value("window", 0)) << stage;
+      EXPECT_GT(count, row.value("items", 0) - 2 * row.value("window", 0) - 8) << stage;
+    }
     const auto& consumer = row.at("cpu_us_per_item");
     const auto& producer = row.at("producer_cpu_us_per_item");
     // The data plane's threads moved every byte; the engine threads stepped; the
