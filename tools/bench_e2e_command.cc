@@ -197,6 +197,11 @@ json per_item(const std::map<std::string, std::uint64_t>& by_thread, std::uint64
   return out;
 }
 
+// `ns` over `items`, in us; 0 without items.
+double us_per_item(std::uint64_t ns, std::uint64_t items) {
+  return items > 0 ? static_cast<double>(ns) / 1e3 / static_cast<double>(items) : 0.0;
+}
+
 // CPU time per item of each thread name, us.
 json cpu_per_item(const std::map<std::string, std::uint64_t>& thread_cpu_ns, std::uint64_t items) {
   return per_item(thread_cpu_ns, items, 1e-3);
@@ -372,31 +377,29 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   const double seconds = window_end - window_start;
   const auto measured = static_cast<double>(ttr_us.size());
   const double per_s = seconds > 0 ? measured / seconds : 0;
-  json out{
-      {"event", "phase"},
-      {"series", "ecx_e2e"},
-      {"phase", phase.name},
-      {"size_bytes", phase.size},
-      {"window", phase.window},
-      {"tp", o.tp},
-      {"items", phase.items},
-      {"items_ready", r.progress.requests_ready},
-      {"items_failed", r.progress.requests_failed},
-      {"warmup_items", warmup},
-      {"per_s", per_s},
-      {"gbps", per_s * static_cast<double>(phase.size) / 1e9},
-      {"p50_us", sim::percentile(ttr_us, 50)},
-      {"p99_us", sim::percentile(ttr_us, 99)},
-      {"sim_us_per_item",
-       r.window_items > 0 ? static_cast<double>(r.sim_engine_ns) / 1e3 / static_cast<double>(r.window_items) : 0.0},
-      {"cpu_us_per_item", cpu_per_item(r.thread_cpu_ns, r.window_items)},
-      {"cpu_items", r.window_items},
-      {"sleeps_per_item", sleeps_per_item(r.thread_sleeps, r.window_items)},
-      {"leaked_pool_bytes", r.leaked_pool_bytes},
-      {"checksum_mismatches", r.checksum_mismatches},
-      {"content_mismatches", r.content_mismatches},
-      {"invariant_error", r.invariant_error},
-      {"stages", stage_report(stages_before, kConsumerStages)}};
+  json out{{"event", "phase"},
+           {"series", "ecx_e2e"},
+           {"phase", phase.name},
+           {"size_bytes", phase.size},
+           {"window", phase.window},
+           {"tp", o.tp},
+           {"items", phase.items},
+           {"items_ready", r.progress.requests_ready},
+           {"items_failed", r.progress.requests_failed},
+           {"warmup_items", warmup},
+           {"per_s", per_s},
+           {"gbps", per_s * static_cast<double>(phase.size) / 1e9},
+           {"p50_us", sim::percentile(ttr_us, 50)},
+           {"p99_us", sim::percentile(ttr_us, 99)},
+           {"sim_us_per_item", us_per_item(r.sim_engine_ns, r.window_items)},
+           {"cpu_us_per_item", cpu_per_item(r.thread_cpu_ns, r.window_items)},
+           {"cpu_items", r.window_items},
+           {"sleeps_per_item", sleeps_per_item(r.thread_sleeps, r.window_items)},
+           {"leaked_pool_bytes", r.leaked_pool_bytes},
+           {"checksum_mismatches", r.checksum_mismatches},
+           {"content_mismatches", r.content_mismatches},
+           {"invariant_error", r.invariant_error},
+           {"stages", stage_report(stages_before, kConsumerStages)}};
   if (!encoded_us.empty()) {
     out["encoded_p50_us"] = sim::percentile(encoded_us, 50);
     out["encoded_p99_us"] = sim::percentile(encoded_us, 99);
@@ -521,8 +524,8 @@ int run_producer_role(const E2eOptions& o) {
     // consumer reports the previous one ready (not when its send completed).
     if (phase.window == 1) options.max_unresolved = 1;
     options.deadline = seconds_to_duration(o.phase_timeout_s);
-    options.workload.requests = static_cast<int>(phase.items + warmup_items(phase.items, phase.window));
     options.warm_up_requests = warmup_items(phase.items, phase.window);
+    options.workload.requests = static_cast<int>(phase.items + options.warm_up_requests);
     auto stages_before = stages::snapshot();
     options.on_warmed_up = [&stages_before] { stages_before = stages::snapshot(); };
     options.workload.min_images = 1;
@@ -543,9 +546,7 @@ int run_producer_role(const E2eOptions& o) {
                       {"failed_saves", r->failed_saves},
                       {"retry_afters", r->retry_afters},
                       {"max_in_flight", r->max_in_flight},
-                      {"sim_us_per_item",
-                       r->window_items > 0 ? static_cast<double>(r->sim_ns) / 1e3 / static_cast<double>(r->window_items)
-                                           : 0.0},
+                      {"sim_us_per_item", us_per_item(r->sim_ns, r->window_items)},
                       {"cpu_us_per_item", cpu_per_item(r->thread_cpu_ns, r->window_items)},
                       {"cpu_items", r->window_items},
                       {"sleeps_per_item", sleeps_per_item(r->thread_sleeps, r->window_items)},

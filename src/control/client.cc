@@ -163,9 +163,18 @@ struct ControlClient::State {
   // The whole blocking call over `lane`, which it returns when done.
   Result<wire::Reply> call_on_lane(std::unique_ptr<Lane> lane, wire::RequestBody body, Duration timeout);
   Result<wire::Reply> exchange_on_lane(Lane& lane, wire::RequestBody body, Duration timeout);
+  // A blocking call's operation, timeout and deadline (on the injected clock).
+  struct LaneCall {
+    wire::Op op;
+    Duration timeout;
+    TimePoint deadline;
+  };
+  // How a call ends before its reply, where it does by `now`: cancelled when closing,
+  // its timeout error (counted) at its deadline.
+  std::optional<Status> lane_call_ended(const Lane& lane, const LaneCall& call, bool was_sent, TimePoint now);
   // Ok once the lane's socket takes a request (its peer is connected); cancelled when
-  // closing; at the deadline the call's timeout error (counted).
-  Status wait_until_writable(Lane& lane, TimePoint deadline, wire::Op op, Duration timeout);
+  // closing; at the deadline the call's timeout error.
+  Status wait_until_writable(Lane& lane, const LaneCall& call);
   void close_lanes();
 
   void run() noexcept;
@@ -897,21 +906,25 @@ void ControlClient::State::close_lanes() {
   idle_lanes.clear();
 }
 
-Status ControlClient::State::wait_until_writable(Lane& lane, TimePoint deadline, wire::Op op, Duration timeout) {
-  constexpr short events = ZMQ_POLLOUT;
-  std::array<zmq_pollitem_t, 2> items{{{lane.socket.handle(), 0, events, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}}};
+std::optional<Status> ControlClient::State::lane_call_ended(const Lane& lane, const LaneCall& call, bool was_sent,
+                                                            TimePoint now) {
+  if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
+  if (now < call.deadline) return std::nullopt;
+  timeouts.add();
+  return timeout_error(timeout_text(lane.address, call.op, call.timeout, was_sent));
+}
+
+Status ControlClient::State::wait_until_writable(Lane& lane, const LaneCall& call) {
+  std::array<zmq_pollitem_t, 2> items{
+      {{lane.socket.handle(), 0, ZMQ_POLLOUT, 0}, {nullptr, closing.fd(), ZMQ_POLLIN, 0}}};
   for (;;) {
-    if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
     const TimePoint now = options.clock->now();
-    if (now >= deadline) {
-      timeouts.add();
-      return timeout_error(timeout_text(lane.address, op, timeout, /*was_sent=*/false));
-    }
-    if (detail::poll(items, detail::poll_timeout_ms(now, deadline, kMaxPollWait)) < 0) {
+    if (auto ended = lane_call_ended(lane, call, /*was_sent=*/false, now)) return *ended;
+    if (detail::poll(items, detail::poll_timeout_ms(now, call.deadline, kMaxPollWait)) < 0) {
       return internal_error(fmt::format("control client poll failed: {}", zmq_strerror(zmq_errno())));
     }
     if (items[1].revents & ZMQ_POLLIN) return cancelled("the control client is shutting down");
-    if (items[0].revents & events) return Status::ok();
+    if (items[0].revents & ZMQ_POLLOUT) return Status::ok();
   }
 }
 
@@ -921,7 +934,7 @@ Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::Req
   request.timeout_ms = static_cast<std::uint32_t>(std::clamp<long long>(as_ms(timeout), 1, 0xffffffffLL));
   request.body = std::move(body);
   const wire::Op op = request.op();
-  const TimePoint deadline = options.clock->now() + timeout;
+  const LaneCall call{op, timeout, options.clock->now() + timeout};
 
   std::optional<wire::AuthStamp> stamp;
   if (lane.stamps) stamp = lane.stamps->next();
@@ -938,7 +951,7 @@ Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::Req
   // A lane whose peer is down takes no frame (immediate): the request waits here,
   // as it would in the I/O thread's outbox, until it can go or its deadline passes.
   while (!detail::send_frames(lane.socket, nullptr, frame, mac ? &*mac : nullptr)) {
-    if (Status ready = wait_until_writable(lane, deadline, op, timeout); !ready) return ready;
+    if (Status ready = wait_until_writable(lane, call); !ready) return ready;
   }
   sent[static_cast<std::size_t>(op)].add();
 
@@ -947,15 +960,11 @@ Result<wire::Reply> ControlClient::State::exchange_on_lane(Lane& lane, wire::Req
   // system calls per round trip (the socket's readiness read before and after the
   // wait): 1.6 us of the p50 in `ecx bench control`.
   for (;;) {
-    if (stopping.load(std::memory_order_acquire)) return cancelled("the control client is shutting down");
     const TimePoint now = options.clock->now();
-    if (now >= deadline) {
-      timeouts.add();
-      return timeout_error(timeout_text(lane.address, op, timeout, /*was_sent=*/true));
-    }
+    if (auto ended = lane_call_ended(lane, call, /*was_sent=*/true, now)) return *ended;
     int error = 0;
     auto message = detail::receive_waiting(
-        lane.socket, 2, std::chrono::milliseconds(detail::poll_timeout_ms(now, deadline, kLaneSlice)), error);
+        lane.socket, 2, std::chrono::milliseconds(detail::poll_timeout_ms(now, call.deadline, kLaneSlice)), error);
     if (error != 0) return internal_error(fmt::format("control client receive failed: {}", zmq_strerror(error)));
     if (!message) continue;
     CheckedReply checked = check_reply(lane.address, lane.replay, *message);

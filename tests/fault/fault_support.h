@@ -185,18 +185,14 @@ class AdmitChannel {
   }
 
  private:
-  // One ZeroMQ message: the producer's routing id (a ROUTER, as the consumer
-  // simulator), then one admit message per part (a step's requests travel together).
+  // One ZeroMQ message of the channel, as the consumer simulator reads it (a ROUTER).
   void receive(std::chrono::milliseconds timeout) {
     zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) <= 0) return;
-    zmq::message_t identity;
-    if (!socket_.recv(identity, zmq::recv_flags::dontwait)) return;
-    for (bool more = identity.more(); more;) {
-      zmq::message_t part;
-      if (!socket_.recv(part, zmq::recv_flags::dontwait)) return;
-      more = part.more();
-      if (auto decoded = sim::decode_admit(part.to_string_view())) queued_.push_back(std::move(*decoded));
+    auto batch = sim::receive_admits(socket_);
+    if (!batch) return;
+    for (auto& decoded : batch->admits) {
+      if (decoded) queued_.push_back(std::move(*decoded));
     }
   }
 

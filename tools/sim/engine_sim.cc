@@ -44,9 +44,6 @@ constexpr auto kBusyPause = std::chrono::microseconds(50);
 // item) and raised the rate 5%.
 constexpr auto kIdleStepCap = std::chrono::milliseconds(10);
 constexpr std::uint64_t kFullCheckEvery = 16;  // ContentCheck::sampled
-// The simulator's regions of work over at least this many bytes are always timed
-// (SampledCpuTime::start_always); smaller ones are sampled.
-constexpr std::uint64_t kAlwaysTimedBytes = 1 << 20;
 // Longest wait, after the run, for the shards to answer the scheduler's last cancels.
 constexpr auto kSettleLimit = std::chrono::seconds(5);
 
@@ -317,6 +314,47 @@ class LentOutputs : public std::enable_shared_from_this<LentOutputs> {
   std::uint64_t lent_ = 0;
 };
 
+// The span of a run its CPU figures cover: from the start, or from the end of a
+// warm-up (warm_up_requests) to the end. Engine thread only.
+class CpuWindow {
+ public:
+  CpuWindow(std::uint64_t warm_up_requests, std::function<void()> on_opened)
+      : warm_up_(warm_up_requests), open_(warm_up_requests == 0), on_opened_(std::move(on_opened)) {}
+
+  // A run without a warm-up counts from its first request, not from its start.
+  void first_request() {
+    if (warm_up_ == 0) from_ = ThreadCpu::now();
+  }
+  // Opens the window once `requests` reach the warm-up. `sim_ns` and `items` are the
+  // run's so far: close() counts only what comes after.
+  void reached(std::uint64_t requests, std::uint64_t sim_ns, std::uint64_t items) {
+    if (open_ || requests < warm_up_) return;
+    open_ = true;
+    from_ = ThreadCpu::now();
+    sim_ns_from_ = sim_ns;
+    items_from_ = items;
+    if (on_opened_) on_opened_();
+  }
+  // The window's figures: its threads' CPU time and sleeps, and `sim_ns` and the
+  // items as they stand at the end made the window's own.
+  template <typename Result>
+  void close(Result& result, std::uint64_t& sim_ns, std::uint64_t items) const {
+    const auto to = ThreadCpu::now();
+    result.thread_cpu_ns = to.used_since(from_);
+    result.thread_sleeps = to.sleeps_since(from_);
+    sim_ns -= sim_ns_from_;
+    result.window_items = items - items_from_;
+  }
+
+ private:
+  std::uint64_t warm_up_;
+  bool open_;
+  std::function<void()> on_opened_;
+  ThreadCpu from_ = ThreadCpu::now();
+  std::uint64_t sim_ns_from_ = 0;
+  std::uint64_t items_from_ = 0;
+};
+
 }  // namespace
 
 double percentile(std::vector<double> samples, double pct) {
@@ -388,38 +426,29 @@ struct ConsumerSim::State {
   std::vector<SampledCpuTime> rank_cpu;
 
   void admit_messages() {
-    while (true) {
-      zmq::message_t identity;
-      if (!admit.recv(identity, zmq::recv_flags::dontwait)) break;
-      // Each part after the producer's identity is one admit message: a producer
-      // sends a step's requests as the parts of one message (see run_producer).
-      bool more = identity.more();
-      while (more) {
-        zmq::message_t message;
-        if (!admit.recv(message, zmq::recv_flags::dontwait)) break;
-        more = message.more();
-        admit_one(identity, message);
+    while (auto batch = receive_admits(admit)) {
+      for (auto& decoded : batch->admits) {
+        if (!decoded) {
+          log->warn("ignoring an unreadable admit message: {}", decoded.status().to_string());
+          continue;
+        }
+        admit_one(batch->sender, *decoded);
       }
     }
   }
 
-  void admit_one(const zmq::message_t& identity, const zmq::message_t& message) {
-    auto decoded = decode_admit(message.to_string_view());
-    if (!decoded) {
-      log->warn("ignoring an unreadable admit message: {}", decoded.status().to_string());
-      return;
-    }
-    if (const auto* done = std::get_if<AdmitDone>(&*decoded)) {
+  void admit_one(const std::string& sender, std::variant<AdmitRequest, AdmitDone>& decoded) {
+    if (const auto* done = std::get_if<AdmitDone>(&decoded)) {
       // Done once every producer said so; the requests expected are all of theirs.
       expected += done->requests;
       producer_done = ++producers_done >= std::max(1, options.producers);
       return;
     }
-    auto& request = std::get<AdmitRequest>(*decoded);
+    auto& request = std::get<AdmitRequest>(decoded);
     Pending p;
     p.admitted = options.clock->now();
     if (request.encoded_at_ns) p.encoded = TimePoint(Duration(*request.encoded_at_ns));
-    p.sender = identity.to_string();
+    p.sender = sender;
     p.wants_answer = request.wants_answer;
     p.items = std::move(request.items);  // a store item names no transfer
     p.view.request_id = std::move(request.request_id);
@@ -617,7 +646,7 @@ struct ConsumerSim::State {
     rs.meta = workers[rank]->build_worker_meta();
     std::uint64_t checked_bytes = 0;
     for (const Item* item : used) checked_bytes += item->spec.nbytes();
-    auto checking = checked_bytes >= kAlwaysTimedBytes ? sampler.start_always() : sampler.start();
+    auto checking = sampler.start(checked_bytes);
     for (const Item* item : used) {
       if (rs.bad.count(item->mm_hash)) continue;
       if (rs.meta && rs.meta->failed_loads.count(item->mm_hash)) {  // reported by the worker; dropped below
@@ -781,24 +810,14 @@ std::string ConsumerSim::control_address() const { return state_->options.config
 ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
   auto& s = *state_;
   name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
-  auto cpu_before = ThreadCpu::now();
-  // Where the CPU window opened (warm_up_requests).
-  bool window_open = s.options.warm_up_requests == 0;
-  std::uint64_t sim_ns_before = 0;
-  std::uint64_t ready_before = 0;  // items
+  CpuWindow cpu_window(s.options.warm_up_requests, s.options.on_warmed_up);
   const auto started = s.options.clock->now();
   s.run_started = started;
   const auto deadline = started + s.options.deadline;
   auto next_progress = started + s.options.progress_interval;
   while (s.options.clock->now() < deadline && !(stop && stop->load())) {
     const bool progressed = s.step();
-    if (!window_open && s.result.progress.requests_ready >= s.options.warm_up_requests) {
-      window_open = true;
-      cpu_before = ThreadCpu::now();
-      sim_ns_before = s.result.sim_engine_ns;
-      ready_before = s.result.items_ready;
-      if (s.options.on_warmed_up) s.options.on_warmed_up();
-    }
+    cpu_window.reached(s.result.progress.requests_ready, s.result.sim_engine_ns, s.result.items_ready);
     if (s.producer_done && s.pending.empty() && s.result.progress.requests_admitted >= s.expected) break;
     if (s.options.on_step) s.options.on_step(s.snapshot(started));
     if (s.options.on_progress && s.options.clock->now() >= next_progress) {
@@ -812,10 +831,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       // the producer's start-up (its pools: seconds), stepping once a millisecond, which
       // cost 0.2-0.4 s of this thread's CPU and, spread over the items, was counted as
       // ECX's (about 1 ms per item in a 300-item phase).
-      if (s.options.warm_up_requests == 0 && s.result.progress.requests_admitted == 0 &&
-          (item.revents & ZMQ_POLLIN) != 0) {
-        cpu_before = ThreadCpu::now();
-      }
+      if (s.result.progress.requests_admitted == 0 && (item.revents & ZMQ_POLLIN) != 0) cpu_window.first_request();
     } else if (!progressed) {
       // Requests wait for their transfers: the next step comes as soon as a transfer
       // event or a new request arrives (one poll for both), as an engine stepping
@@ -826,11 +842,7 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       (void)s.scheduler->wait_for_events(kIdleStepCap, std::span(&admit_socket, 1));
     }
   }
-  const auto cpu_after = ThreadCpu::now();
-  s.result.thread_cpu_ns = cpu_after.used_since(cpu_before);
-  s.result.thread_sleeps = cpu_after.sleeps_since(cpu_before);
-  s.result.sim_engine_ns -= sim_ns_before;
-  s.result.window_items = s.result.items_ready - ready_before;
+  cpu_window.close(s.result, s.result.sim_engine_ns, s.result.items_ready);
   // Whatever is still pending at the deadline failed.
   for (const auto& id : std::vector<std::string>(s.order)) s.fail_unscheduled(id);
   // Give the engine's frees back and let the shards acknowledge the scheduler's last
@@ -947,11 +959,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   std::shared_ptr<LentOutputs> lent_outputs;
   if (o.config.zero_copy_saves) lent_outputs = std::make_shared<LentOutputs>(o.config.buffer_size, o.config.prefault);
   name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
-  auto cpu_before = ThreadCpu::now();
-  // Where the CPU window opened (warm_up_requests).
-  bool window_open = o.warm_up_requests == 0;
-  std::uint64_t sim_ns_before = 0;
-  std::uint64_t items_before = 0;
+  CpuWindow cpu_window(o.warm_up_requests, o.on_warmed_up);
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;
   std::vector<std::byte> buffer;
@@ -964,13 +972,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   std::vector<std::string_view> encoded;
   result.rounds = 1;
   while (o.clock->now() < deadline && !(stop && stop->load())) {
-    if (!window_open && result.requests >= o.warm_up_requests) {
-      window_open = true;
-      cpu_before = ThreadCpu::now();
-      sim_ns_before = result.sim_ns;
-      items_before = result.items;
-      if (o.on_warmed_up) o.on_warmed_up();
-    }
+    cpu_window.reached(result.requests, result.sim_ns, result.items);
     if (next >= workload.size() && o.clock->now() - started < o.run_for) {
       WorkloadOptions round = o.workload;
       round.seed = o.workload.seed + result.rounds;
@@ -1106,7 +1108,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         auto block = lent_outputs ? lent_outputs->take(item.spec.nbytes()) : std::nullopt;
         if (!block) buffer.resize(item.spec.nbytes());
         const std::span<std::byte> output = block ? block->first : std::span<std::byte>(buffer);
-        auto filling = output.size() >= kAlwaysTimedBytes ? sim_cpu.start_always() : sim_cpu.start();
+        auto filling = sim_cpu.start(output.size());
         if (block) {
           stamp_content(item.mm_hash, output);  // the arena holds the body already
         } else {
@@ -1136,8 +1138,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       const auto text =
           encode_admit(AdmitRequestView{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
                                         o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
-      // The step's requests go as the parts of one message: ZeroMQ hands a message
-      // to its I/O thread at the last part, so the channel wakes once per step.
+      // The step's requests go as the parts of one message (receive_admits): ZeroMQ
+      // hands a message to its I/O thread at the last part, so the channel wakes once
+      // per step.
       admit.send(zmq::buffer(text), b + 1 < batch.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       admitting.stop(result.sim_ns);
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
@@ -1171,11 +1174,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       }
     }
   }
-  const auto cpu_after = ThreadCpu::now();
-  result.thread_cpu_ns = cpu_after.used_since(cpu_before);
-  result.thread_sleeps = cpu_after.sleeps_since(cpu_before);
-  result.sim_ns -= sim_ns_before;
-  result.window_items = result.items - items_before;
+  cpu_window.close(result, result.sim_ns, result.items);
   (void)worker.wait_published(std::chrono::seconds(2));  // best effort: what is left is dropped, counted
   const auto counters = worker.push_engine()->counters();
   result.retry_afters = counters.pushes.retry_afters;

@@ -102,20 +102,16 @@ std::uint64_t thread_cpu_ns() {
 SampledCpuTime::SampledCpuTime(std::uint32_t seed, std::uint32_t every, Clock clock)
     : random_(seed == 0 ? 1 : seed), every_(every == 0 ? 1 : every), clock_(std::move(clock)) {}
 
-SampledCpuTime::Region SampledCpuTime::start() {
-  Region region;
-  if (random_() % every_ != 0) return region;
-  region.clock_ = &clock_;
-  region.weight_ = every_;
-  ++clock_reads_;
-  region.started_ns_ = clock_();
-  return region;
+SampledCpuTime::Region SampledCpuTime::start(std::uint64_t bytes) {
+  if (bytes >= kAlwaysReadBytes) return read(1);
+  if (random_() % every_ != 0) return Region{};
+  return read(every_);
 }
 
-SampledCpuTime::Region SampledCpuTime::start_always() {
+SampledCpuTime::Region SampledCpuTime::read(std::uint32_t weight) {
   Region region;
   region.clock_ = &clock_;
-  region.weight_ = 1;
+  region.weight_ = weight;
   ++clock_reads_;
   region.started_ns_ = clock_();
   return region;

@@ -62,16 +62,20 @@ class SampledCpuTime {
     std::uint64_t started_ns_ = 0;
     std::uint32_t weight_ = 0;
   };
-  Region start();
-  // A region of large work, read every time and counted once: two clock reads are
-  // nothing next to it, and sampled, a few such regions among many small ones made
-  // the estimate swing (a 150-item 9 MiB phase, whose every 16th item gets a full
-  // content check: 8 to 100 us per item from one run to the next).
-  Region start_always();
+  // A region of work over at least this many bytes is read every time and counted
+  // once: two clock reads are nothing next to it, and sampled, a few such regions
+  // among many small ones made the estimate swing (a 150-item 9 MiB phase, whose
+  // every 16th item gets a full content check: 8 to 100 us per item from one run to
+  // the next).
+  static constexpr std::uint64_t kAlwaysReadBytes = 1 << 20;
+  // A region of work over `bytes` (0: small or unknown: sampled).
+  Region start(std::uint64_t bytes = 0);
 
   std::uint64_t clock_reads() const noexcept { return clock_reads_; }
 
  private:
+  Region read(std::uint32_t weight);
+
   std::minstd_rand random_;
   std::uint32_t every_;
   Clock clock_;

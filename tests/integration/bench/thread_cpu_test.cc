@@ -129,8 +129,8 @@ TEST(SampledCpuTime, ReadsTheClockForOneRegionInEveryAndScalesWhatItRead) {
   EXPECT_EQ(every_region.clock_reads(), 10u);
 }
 
-// A large region is read every time and counted once, among sampled small ones.
-TEST(SampledCpuTime, AnAlwaysTimedRegionCountsExactlyItsOwnTime) {
+// A region of large work is read every time and counted once, among sampled small ones.
+TEST(SampledCpuTime, ARegionOfLargeWorkIsReadEveryTimeAndCountedOnce) {
   std::uint64_t fake_ns = 0;
   SampledCpuTime sampler(7, 8, [&] { return fake_ns; });
   std::uint64_t large = 0;
@@ -139,7 +139,7 @@ TEST(SampledCpuTime, AnAlwaysTimedRegionCountsExactlyItsOwnTime) {
     fake_ns += 100;
     std::uint64_t ignored = 0;
     small.stop(ignored);
-    auto region = sampler.start_always();
+    auto region = sampler.start(SampledCpuTime::kAlwaysReadBytes);
     fake_ns += 50'000;
     region.stop(large);
     region.stop(large);  // once
