@@ -1,6 +1,7 @@
 #include "ecx/producer/push_manager.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -10,10 +11,12 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "core/id_map.h"
 #include "core/logging.h"
 #include "ecx/core/node_stash.h"
+#include "ecx/core/recent_table.h"
 
 namespace ecx::producer {
 
@@ -55,6 +58,44 @@ struct Push {
   TimePoint deadline_at{};  // the push deadline, kept for a return to waiting_inputs
   bool failing = false;     // failed while payloads were in flight; ends when they report
   std::string error;
+  TimePoint ended_at{};        // when it became terminal (its record's TTL counts from here)
+  bool settle_queued = false;  // in PushCore::ended_
+};
+
+// A finished push's destination as one number: a repeat of its transfer id must name
+// the same one. Two different destinations share a fingerprint with probability 2^-64;
+// such a conflicting repeat would count as a duplicate.
+std::uint64_t destination_fingerprint(const PushSpec& spec) {
+  // Each part seeds the next, so moving bytes between parts changes the result.
+  std::uint64_t h = XXH3_64bits(spec.mm_hash.data(), spec.mm_hash.size());
+  h = XXH3_64bits_withSeed(spec.consumer_address.data(), spec.consumer_address.size(), h);
+  h = XXH3_64bits_withSeed(spec.spec.shape().data(), spec.spec.shape().size_bytes(), h);
+  return h ^ static_cast<std::uint64_t>(spec.spec.dtype());
+}
+
+// What a push leaves once it ended and its I/O settled: enough to answer a repeat of
+// its transfer id (idempotency) and a query of its states. Kept as a full Push, each
+// record was about 1 KB of heap, and 65,536 of them (terminal_limit) kept the live
+// pushes' table large and its lookups cold (bench_push).
+struct Settled {
+  P state = P::done;
+  std::uint64_t destination = 0;  // destination_fingerprint
+  TimePoint ended_at{};
+  // Shard states: the first kInlineShards in place, the rest (a wide TP) beside them.
+  static constexpr std::size_t kInlineShards = 8;
+  std::array<Sh, kInlineShards> first_shards{};
+  std::vector<Sh> more_shards;
+  std::size_t shard_count = 0;
+
+  Sh shard(std::size_t i) const { return i < kInlineShards ? first_shards[i] : more_shards[i - kInlineShards]; }
+  void add_shard(Sh shard_state) {
+    if (shard_count < kInlineShards) {
+      first_shards[shard_count] = shard_state;
+    } else {
+      more_shards.push_back(shard_state);
+    }
+    ++shard_count;
+  }
 };
 
 bool same_destination(const PushSpec& a, const PushSpec& b) {
@@ -115,6 +156,12 @@ class PushCore {
   void release_source(Push& p, Actions& out);
   void unindex_waiting(Push& p);
   void enforce_terminal_limit();
+  // A terminal push goes to settled_ once none of its I/O is outstanding. Pushes are
+  // queued as they end (or as a terminal one's last I/O reports) and moved at the
+  // start of the next call that changes state: no caller holds a reference then.
+  void queue_settle(Push& p);
+  void settle_ended();
+  Status conflict_with_settled(const PushSpec& spec, int shard_count, const Settled& settled);
   // `ids` of `index` (made if absent) gains `id`; true if it was new there.
   bool index_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id);
   // `ids` of `index` loses `id`, and `index` the key once it has none.
@@ -136,11 +183,13 @@ class PushCore {
   NodeStash<TimeIndex> time_nodes_;
   NodeStash<IdMap<std::set<std::string>>> index_nodes_;
   NodeStash<std::set<std::string>> id_nodes_;
-  struct Terminal {
-    std::string transfer_id;
-    TimePoint at;
-  };
-  std::deque<Terminal> terminal_order_;  // oldest first (records still doing I/O go to the back)
+  // Terminal pushes: those with I/O outstanding stay in pushes_ (closing_ counts them),
+  // the others move here, in the order they settled (one that waited for its I/O
+  // ended before some ahead of it: it expires a little late).
+  RecentTable<Settled> settled_;
+  std::uint64_t closing_ = 0;
+  std::vector<Push*> ended_;  // queue_settle; nothing erases from pushes_ but settle_ended
+  std::vector<Push*> ended_scratch_;
   std::deque<FailedSave> failures_;
   std::uint64_t io_in_flight_ = 0;
   std::minstd_rand jitter_{std::random_device{}()};
@@ -323,7 +372,9 @@ void PushCore::finish(Push& p, P to, Actions& out) {
       break;
     }
   }
-  terminal_order_.push_back(Terminal{p.spec.transfer_id, now()});
+  p.ended_at = now();
+  ++closing_;
+  queue_settle(p);
   enforce_terminal_limit();
 }
 
@@ -332,24 +383,49 @@ void PushCore::enforce_terminal_limit() {
   // able to abandon what it reserved); the bounds hold once I/O settles.
   const TimePoint t = now();
   auto due = [&] {
-    return terminal_order_.size() > options_.terminal_limit ||
-           (options_.terminal_ttl > Duration::zero() && t - terminal_order_.front().at >= options_.terminal_ttl);
+    return settled_.size() + closing_ > options_.terminal_limit ||
+           (options_.terminal_ttl > Duration::zero() && t - settled_.front().ended_at >= options_.terminal_ttl);
   };
-  std::size_t scanned = 0;
-  while (!terminal_order_.empty() && due() && scanned < terminal_order_.size()) {
-    Terminal oldest = std::move(terminal_order_.front());
-    terminal_order_.pop_front();
-    auto it = pushes_.find(oldest.transfer_id);
-    if (it == pushes_.end()) continue;
-    const bool busy =
-        std::any_of(it->second.shards.begin(), it->second.shards.end(), [](const Shard& s) { return s.io; });
-    if (busy) {
-      terminal_order_.push_back(std::move(oldest));
-      ++scanned;
-      continue;
-    }
-    pushes_.erase(it);
+  while (!settled_.empty() && due()) settled_.pop_front();
+}
+
+void PushCore::queue_settle(Push& p) {
+  if (p.settle_queued) return;
+  p.settle_queued = true;
+  ended_.push_back(&p);
+}
+
+void PushCore::settle_ended() {
+  if (ended_.empty()) return;
+  ended_scratch_.swap(ended_);
+  for (Push* p : ended_scratch_) {
+    p->settle_queued = false;
+    // Still doing I/O: its last result queues it again.
+    if (std::any_of(p->shards.begin(), p->shards.end(), [](const Shard& s) { return s.io; })) continue;
+    Settled settled;
+    settled.state = p->state;
+    settled.destination = destination_fingerprint(p->spec);
+    settled.ended_at = p->ended_at;
+    for (const Shard& s : p->shards) settled.add_shard(s.state);
+    // A transfer id is never in both tables: start() looks in settled_ first.
+    settled_.push_back(p->spec.transfer_id, std::move(settled));
+    pushes_.erase(pushes_.find(p->spec.transfer_id));
+    --closing_;
   }
+  ended_scratch_.clear();
+  enforce_terminal_limit();
+}
+
+Status PushCore::conflict_with_settled(const PushSpec& spec, int shard_count, const Settled& settled) {
+  if (settled.destination == destination_fingerprint(spec) &&
+      settled.shard_count == static_cast<std::size_t>(shard_count)) {
+    return Status::ok();
+  }
+  ++counters_.conflicts;
+  log_->warn(
+      "rejected conflicting push: transfer_id={} already ended ({}) pushing elsewhere; refusing mm_hash={} to {}",
+      spec.transfer_id, push_state_name(settled.state), spec.mm_hash, spec.consumer_address);
+  return conflict(fmt::format("conflicting destination for transfer_id={}", spec.transfer_id));
 }
 
 void PushCore::fail(Push& p, std::string reason, Actions& out) {
@@ -473,7 +549,13 @@ Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
     return invalid_argument(fmt::format("shard_count {} outside 1..{}", shard_count, options_.max_shards));
   }
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
+  if (const Settled* settled = settled_.find(spec.transfer_id)) {
+    ECX_RETURN_IF_ERROR(conflict_with_settled(spec, shard_count, *settled));
+    ++counters_.duplicates;  // the same encoding again, after its push ended
+    return out;
+  }
   if (Push* p = find(spec.transfer_id)) {
     if (!same_destination(p->spec, spec) || p->shards.size() != static_cast<std::size_t>(shard_count)) {
       ++counters_.conflicts;
@@ -521,6 +603,7 @@ Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
 
 Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const ReserveReply& reply) {
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
@@ -530,6 +613,7 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
   }
   s->io = false;
   --io_in_flight_;
+  if (is_terminal(p->state)) queue_settle(*p);
   if (const auto* r = std::get_if<reply::Reserved>(&reply)) {
     s->holds = true;
     s->reservation_id = r->reservation_id;
@@ -582,6 +666,7 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
 
 Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes) {
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
   std::vector<std::string> waiting;
   if (auto it = sourceless_by_hash_.find(mm_hash); it != sourceless_by_hash_.end()) {
@@ -610,6 +695,7 @@ Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::ui
 
 Actions PushCore::on_payload_result(std::string_view tid, int shard, const Status& result) {
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
@@ -619,6 +705,7 @@ Actions PushCore::on_payload_result(std::string_view tid, int shard, const Statu
   }
   s->io = false;
   --io_in_flight_;
+  if (is_terminal(p->state)) queue_settle(*p);
   if (result.is_ok()) {
     move(*p, *s, Sh::sent);
     s->holds = false;  // the landed slot is the consumer's now
@@ -640,6 +727,7 @@ Actions PushCore::on_payload_result(std::string_view tid, int shard, const Statu
 
 Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status& result) {
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
@@ -650,6 +738,7 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
   }
   s->io = false;
   --io_in_flight_;
+  if (is_terminal(p->state)) queue_settle(*p);
   if (s->state == Sh::refreshing) {
     if (p->state == P::waiting_inputs) {
       s->holds = false;
@@ -692,6 +781,7 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
 
 Actions PushCore::cancel_requests(std::span<const std::string> request_ids, bool all) {
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
   std::vector<std::string> candidates;
   if (all) {
@@ -724,6 +814,7 @@ Actions PushCore::cancel_requests(std::span<const std::string> request_ids, bool
 
 Actions PushCore::tick() {
   std::lock_guard lock(mu_);
+  settle_ended();
   Actions out;
   const TimePoint t = now();
   while (!retries_.empty() && retries_.begin()->first <= t) {
@@ -773,30 +864,34 @@ std::vector<FailedSave> PushCore::drain_failures() {
 
 std::optional<P> PushCore::state_of(std::string_view tid) const {
   std::lock_guard lock(mu_);
-  auto it = pushes_.find(tid);
-  if (it == pushes_.end()) return std::nullopt;
-  return it->second.state;
+  if (auto it = pushes_.find(tid); it != pushes_.end()) return it->second.state;
+  if (const Settled* settled = settled_.find(tid)) return settled->state;
+  return std::nullopt;
 }
 
 std::optional<Sh> PushCore::shard_state_of(std::string_view tid, int shard) const {
   std::lock_guard lock(mu_);
-  auto it = pushes_.find(tid);
-  if (it == pushes_.end() || shard < 0 || static_cast<std::size_t>(shard) >= it->second.shards.size()) {
-    return std::nullopt;
+  if (shard < 0) return std::nullopt;
+  const auto index = static_cast<std::size_t>(shard);
+  if (auto it = pushes_.find(tid); it != pushes_.end()) {
+    return index < it->second.shards.size() ? std::optional(it->second.shards[index].state) : std::nullopt;
   }
-  return it->second.shards[static_cast<std::size_t>(shard)].state;
+  if (const Settled* settled = settled_.find(tid)) {
+    return index < settled->shard_count ? std::optional(settled->shard(index)) : std::nullopt;
+  }
+  return std::nullopt;
 }
 
 bool PushCore::pending() const {
   std::lock_guard lock(mu_);
-  return io_in_flight_ != 0 || pushes_.size() != terminal_order_.size();
+  return io_in_flight_ != 0 || pushes_.size() != closing_;
 }
 
 PushCounters PushCore::counters() const {
   std::lock_guard lock(mu_);
   PushCounters c = counters_;
-  c.terminal_records = terminal_order_.size();
-  c.active = pushes_.size() - terminal_order_.size();
+  c.terminal_records = settled_.size() + closing_;
+  c.active = pushes_.size() - closing_;
   c.sources_held = source_refs_.size();
   c.io_in_flight = io_in_flight_;
   return c;
@@ -859,7 +954,10 @@ Status PushCore::check_invariants() const {
   }
   if (refs != source_refs_) return internal_error("source reference counts out of step");
   if (io != io_in_flight_) return internal_error(fmt::format("io count {} but {} in flight", io_in_flight_, io));
-  if (terminal != terminal_order_.size()) return internal_error("terminal order out of step");
+  if (terminal != closing_) return internal_error("closing pushes out of step");
+  for (const auto& [tid, p] : pushes_) {
+    if (settled_.contains(tid)) return internal_error(fmt::format("{} is settled and live", tid));
+  }
   return Status::ok();
 }
 

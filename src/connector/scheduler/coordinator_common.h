@@ -4,7 +4,6 @@
 // it, and string-keyed containers that look up by string_view.
 
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,7 +17,7 @@
 #include "core/logging.h"
 #include "ecx/connector/scheduler/types.h"
 #include "ecx/core/ids.h"
-#include "ecx/core/node_stash.h"
+#include "ecx/core/recent_table.h"
 
 namespace ecx::scheduler::detail {
 
@@ -51,34 +50,18 @@ using StringMap = IdMap<V>;
 // Ids remembered up to a bound, the oldest forgotten first.
 class RecentIds {
  public:
-  RecentIds() = default;
-  // order_ views ids_'s nodes: a copy would view the original's.
-  RecentIds(const RecentIds&) = delete;
-  RecentIds& operator=(const RecentIds&) = delete;
-  RecentIds(RecentIds&&) noexcept = default;
-  RecentIds& operator=(RecentIds&&) noexcept = default;
-
   // False when `id` is remembered already.
-  bool insert(const std::string& id, std::size_t bound) {
-    const auto [at, added] = nodes_.insert(ids_, id);
-    if (!added) return false;
-    order_.push_back(*at);
-    while (order_.size() > bound) {
-      nodes_.erase(ids_, ids_.find(order_.front()));
-      order_.pop_front();
-    }
+  bool insert(std::string_view id, std::size_t bound) {
+    if (ids_.contains(id)) return false;
+    ids_.push_back(id, {});
+    while (ids_.size() > bound) ids_.pop_front();
     return true;
   }
   bool contains(std::string_view id) const { return ids_.contains(id); }
 
  private:
-  StringSet ids_;
-  // Once at its bound every insert drops the oldest id: the node and its string serve
-  // the next one.
-  NodeStash<StringSet> nodes_;
-  // Views of ids_'s keys (a set's elements stay put when it rehashes), oldest first:
-  // each id is stored once.
-  std::deque<std::string_view> order_;
+  struct Nothing {};
+  RecentTable<Nothing> ids_;
 };
 
 }  // namespace ecx::scheduler::detail
