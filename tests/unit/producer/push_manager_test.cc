@@ -607,6 +607,67 @@ PushOptions direct_up_to(std::uint64_t bytes) {
   return o;
 }
 
+// A finished push leaves a compact record once its I/O has settled: a repeat of its
+// transfer id is still a duplicate with the same destination and a conflict with any
+// other (content, consumer, shape or shard count), and its states still answer.
+TEST(Push, AFinishedPushStillAnswersRepeatsAndQueries) {
+  Fixture f(direct_up_to(1000));
+  f.start(push("t", "img", "r1"), 2);
+  auto sent = f.m.bind_source("img", 9, 1000);
+  ASSERT_EQ(sent.payloads.size(), 2u);
+  EXPECT_TRUE(f.m.on_payload_result("t", 0, Status::ok()).empty());
+  EXPECT_EQ(f.m.on_payload_result("t", 1, Status::ok()).release_sources, std::vector<SourceId>{9});
+  f.m.tick();  // the next call moves it to the settled records
+  f.expect_invariants();
+  EXPECT_EQ(f.m.state_of("t"), P::done);
+  EXPECT_EQ(f.m.shard_state_of("t", 1), Sh::sent);
+  EXPECT_FALSE(f.m.shard_state_of("t", 2).has_value());
+  EXPECT_EQ(f.m.counters().terminal_records, 1u);
+  EXPECT_EQ(f.m.counters().active, 0u);
+  EXPECT_FALSE(f.m.pending());
+
+  auto dup = f.m.start(push("t", "img", "r2"), 2);
+  ASSERT_TRUE(dup.is_ok());
+  EXPECT_TRUE(dup->empty());
+  EXPECT_EQ(f.m.counters().duplicates, 1u);
+  PushSpec elsewhere = push("t", "img", "r3");
+  elsewhere.consumer_address = "tcp://127.0.0.1:14580";
+  for (auto [spec, shards] : std::vector<std::pair<PushSpec, int>>{{push("t", "other", "r3"), 2},
+                                                                   {elsewhere, 2},
+                                                                   {push("t", "img", "r3", 999), 2},
+                                                                   {push("t", "img", "r3"), 1}}) {
+    EXPECT_EQ(f.m.start(spec, shards).status().code(), StatusCode::conflict) << spec.mm_hash << " " << shards;
+  }
+  EXPECT_EQ(f.m.counters().conflicts, 4u);
+  EXPECT_EQ(f.m.state_of("t"), P::done);
+  f.expect_invariants();
+}
+
+// A push that ends with a reserve in flight keeps its full record until the reply
+// comes: that reply must still give back what it reserved.
+TEST(Push, AFinishedPushWithAReplyInFlightSettlesOnlyAfterIt) {
+  PushOptions o;
+  o.terminal_limit = 1;
+  Fixture f(o);
+  f.start(push("t", "img", "r1"), 1);
+  const std::vector<std::string> r1{"r1"};
+  f.m.cancel_requests(r1);  // no source yet: cancelled while its reserve is out
+  f.start(push("u", "img2", "r2"), 1);
+  f.start(push("v", "img3", "r3"), 1);
+  EXPECT_EQ(f.m.counters().io_in_flight, 3u);
+  // The limit of 1 cannot drop "t": its reply is still to come.
+  EXPECT_TRUE(f.m.state_of("t").has_value());
+  auto abandon = f.m.on_reserve_reply("t", 0, writer());
+  ASSERT_EQ(abandon.cancels.size(), 1u);  // the late reservation is given back
+  EXPECT_TRUE(f.m.on_cancel_result("t", 0, Status::ok()).empty());
+  EXPECT_EQ(f.m.state_of("t"), P::cancelled);
+  f.m.tick();
+  f.expect_invariants();
+  EXPECT_EQ(f.m.state_of("t"), P::cancelled);
+  EXPECT_EQ(f.m.shard_state_of("t", 0), Sh::released);
+  EXPECT_EQ(f.m.counters().terminal_records, 1u);
+}
+
 TEST(Direct, ASmallItemSkipsTheReserveAndGoesOutWithItsSource) {
   Fixture f(direct_up_to(1000));
   auto a = f.start(push("t"), 2);
