@@ -10,11 +10,14 @@
 // id keeps its buffer for the id that reuses the entry.
 //
 // One owner, like the containers it stands for (not thread-safe). Ids must be unique:
-// insert only what find() did not see.
+// insert only what find() did not see. At most 2^31 entries (the callers' bounds are
+// configuration limits far below that); more throws std::length_error, as a vector
+// that cannot grow does.
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -67,7 +70,8 @@ class RecentTable {
   }
 
  private:
-  static constexpr std::size_t kFirstRing = 32;  // entries; the ring and the index double together
+  static constexpr std::size_t kFirstRing = 32;                  // entries; the ring and the index double together
+  static constexpr std::size_t kMaxRing = std::size_t{1} << 31;  // a slot holds a position in 32 bits
   struct Entry {
     std::string id;
     V value{};
@@ -110,6 +114,7 @@ class RecentTable {
   // Full: twice the ring (the oldest entry first) and twice the index, which keeps
   // the index at most half full.
   void grow() {
+    if (ring_.size() >= kMaxRing) throw std::length_error("RecentTable holds at most 2^31 entries");
     std::vector<Entry> bigger(ring_.empty() ? kFirstRing : ring_.size() * 2);
     for (std::size_t k = 0; k < count_; ++k) bigger[k] = std::move(ring_[(head_ + k) & (ring_.size() - 1)]);
     ring_ = std::move(bigger);
