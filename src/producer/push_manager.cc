@@ -161,6 +161,12 @@ class PushCore {
   // start of the next call that changes state: no caller holds a reference then.
   void queue_settle(Push& p);
   void settle_ended();
+  // mu_, for a call that changes state: what ended since the last one settles first.
+  [[nodiscard]] std::unique_lock<std::mutex> lock_settled() {
+    std::unique_lock lock(mu_);
+    settle_ended();
+    return lock;
+  }
   Status conflict_with_settled(const PushSpec& spec, int shard_count, const Settled& settled);
   // `ids` of `index` (made if absent) gains `id`; true if it was new there.
   bool index_id(IdMap<std::set<std::string>>& index, const std::string& key, const std::string& id);
@@ -548,8 +554,7 @@ Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
   if (shard_count < 1 || shard_count > options_.max_shards) {
     return invalid_argument(fmt::format("shard_count {} outside 1..{}", shard_count, options_.max_shards));
   }
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   if (const Settled* settled = settled_.find(spec.transfer_id)) {
     ECX_RETURN_IF_ERROR(conflict_with_settled(spec, shard_count, *settled));
@@ -602,8 +607,7 @@ Result<Actions> PushCore::start(PushSpec&& spec, int shard_count) {
 }
 
 Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const ReserveReply& reply) {
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
@@ -665,8 +669,7 @@ Actions PushCore::on_reserve_reply(std::string_view tid, int shard, const Reserv
 }
 
 Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::uint64_t nbytes) {
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   std::vector<std::string> waiting;
   if (auto it = sourceless_by_hash_.find(mm_hash); it != sourceless_by_hash_.end()) {
@@ -694,8 +697,7 @@ Actions PushCore::bind_source(std::string_view mm_hash, SourceId source, std::ui
 }
 
 Actions PushCore::on_payload_result(std::string_view tid, int shard, const Status& result) {
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
@@ -726,8 +728,7 @@ Actions PushCore::on_payload_result(std::string_view tid, int shard, const Statu
 }
 
 Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status& result) {
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   Push* p = find(tid);
   Shard* s = shard_of(p, shard);
@@ -780,8 +781,7 @@ Actions PushCore::on_cancel_result(std::string_view tid, int shard, const Status
 }
 
 Actions PushCore::cancel_requests(std::span<const std::string> request_ids, bool all) {
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   std::vector<std::string> candidates;
   if (all) {
@@ -813,8 +813,7 @@ Actions PushCore::cancel_requests(std::span<const std::string> request_ids, bool
 }
 
 Actions PushCore::tick() {
-  std::lock_guard lock(mu_);
-  settle_ended();
+  const auto lock = lock_settled();
   Actions out;
   const TimePoint t = now();
   while (!retries_.empty() && retries_.begin()->first <= t) {

@@ -32,17 +32,7 @@ class RecentTable {
   bool empty() const noexcept { return count_ == 0; }
 
   // The entry for `id`, or nullptr.
-  const V* find(std::string_view id) const {
-    if (count_ == 0) return nullptr;
-    const std::uint32_t h = hash(id);
-    for (std::size_t i = home(h);; i = next(i)) {
-      const Slot s = slots_[i];
-      if (s.entry == 0) return nullptr;
-      if (s.hash != h) continue;
-      const Entry& e = ring_[s.entry - 1];
-      if (e.id == id) return &e.value;
-    }
-  }
+  const V* find(std::string_view id) const { return find(id, hash(id)); }
   bool contains(std::string_view id) const { return find(id) != nullptr; }
 
   // The oldest entry's id and value (the table must not be empty).
@@ -50,20 +40,20 @@ class RecentTable {
   const V& front() const { return ring_[head_].value; }
 
   // Adds `id`, which must not be in the table, as the newest entry.
-  void push_back(std::string_view id, V value) {
-    if (count_ == ring_.size()) grow();
-    const std::size_t at = (head_ + count_) & (ring_.size() - 1);
-    Entry& e = ring_[at];
-    e.id.assign(id);
-    e.value = std::move(value);
-    index(at, hash(id));
-    ++count_;
+  void push_back(std::string_view id, V value) { append(id, hash(id), std::move(value)); }
+  // Adds `id` as the newest entry unless it is there already (false then): one hash
+  // of the id for the lookup and the insert.
+  bool try_push_back(std::string_view id, V value) {
+    const std::uint32_t h = hash(id);
+    if (find(id, h) != nullptr) return false;
+    append(id, h, std::move(value));
+    return true;
   }
 
   // Drops the oldest entry (the table must not be empty).
   void pop_front() {
     Entry& e = ring_[head_];
-    unindex(head_, hash(e.id));
+    unindex(head_, e.hash);
     e.value = V{};
     head_ = (head_ + 1) & (ring_.size() - 1);
     --count_;
@@ -74,6 +64,7 @@ class RecentTable {
   static constexpr std::size_t kMaxRing = std::size_t{1} << 31;  // a slot holds a position in 32 bits
   struct Entry {
     std::string id;
+    std::uint32_t hash = 0;  // the id's: an eviction and a growth find its slot without hashing it again
     V value{};
   };
   // entry: the ring position + 1 (0: empty). hash: the id's, which places the slot
@@ -88,6 +79,28 @@ class RecentTable {
   }
   std::size_t home(std::uint32_t h) const { return h & (slots_.size() - 1); }
   std::size_t next(std::size_t i) const { return (i + 1) & (slots_.size() - 1); }
+
+  const V* find(std::string_view id, std::uint32_t h) const {
+    if (count_ == 0) return nullptr;
+    for (std::size_t i = home(h);; i = next(i)) {
+      const Slot s = slots_[i];
+      if (s.entry == 0) return nullptr;
+      if (s.hash != h) continue;
+      const Entry& e = ring_[s.entry - 1];
+      if (e.id == id) return &e.value;
+    }
+  }
+
+  void append(std::string_view id, std::uint32_t h, V value) {
+    if (count_ == ring_.size()) grow();
+    const std::size_t at = (head_ + count_) & (ring_.size() - 1);
+    Entry& e = ring_[at];
+    e.id.assign(id);
+    e.hash = h;
+    e.value = std::move(value);
+    index(at, h);
+    ++count_;
+  }
 
   void index(std::size_t at, std::uint32_t h) {
     std::size_t i = home(h);
@@ -120,7 +133,7 @@ class RecentTable {
     ring_ = std::move(bigger);
     head_ = 0;
     slots_.assign(ring_.size() * 2, Slot{});
-    for (std::size_t at = 0; at < count_; ++at) index(at, hash(ring_[at].id));
+    for (std::size_t at = 0; at < count_; ++at) index(at, ring_[at].hash);
   }
 
   std::vector<Entry> ring_;  // a power of two

@@ -52,8 +52,7 @@ class RecentIds {
  public:
   // False when `id` is remembered already.
   bool insert(std::string_view id, std::size_t bound) {
-    if (ids_.contains(id)) return false;
-    ids_.push_back(id, {});
+    if (!ids_.try_push_back(id, {})) return false;
     while (ids_.size() > bound) ids_.pop_front();
     return true;
   }

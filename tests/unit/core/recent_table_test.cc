@@ -28,6 +28,11 @@ TEST(RecentTable, FindsWhatItHoldsOldestFirst) {
   EXPECT_TRUE(t.contains("b"));
   EXPECT_EQ(t.front_id(), "b");
   EXPECT_EQ(t.size(), 1u);
+  EXPECT_FALSE(t.try_push_back("b", 3));  // there already: kept as it was
+  EXPECT_EQ(*t.find("b"), 2);
+  EXPECT_TRUE(t.try_push_back("a", 4));
+  EXPECT_EQ(*t.find("a"), 4);
+  EXPECT_EQ(t.size(), 2u);
 }
 
 TEST(RecentTable, KeepsEveryEntryAcrossGrowthAndWrapAround) {
@@ -67,9 +72,14 @@ TEST(RecentTable, AgreesWithAReferenceOverRandomWindows) {
       ASSERT_EQ(found != nullptr, expected != reference.end()) << "seed " << seed << " step " << step << " " << id;
       if (found != nullptr) {
         ASSERT_EQ(*found, expected->second);
+        ASSERT_FALSE(t.try_push_back(id, step));
         continue;
       }
-      t.push_back(id, step);
+      if (seed % 2 == 0) {
+        ASSERT_TRUE(t.try_push_back(id, step));
+      } else {
+        t.push_back(id, step);
+      }
       order.push_back(id);
       reference[id] = step;
       while (order.size() > bound || (rng() % 7 == 0 && !order.empty())) {
