@@ -81,10 +81,14 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
       EXPECT_GT(row.value(key, 0), row.value("items", 0) - 2 * row.value("window", 0) - 8) << key;
     }
     // So does the stage table (a warm-up item still on the wire when it ends is in).
+    // Its lower bound is loose on purpose: measured items that landed before the
+    // consumer's engine saw the warm-up end are left out, and a slow engine (a
+    // sanitizer build beside other tests) holds many landed items unready; 72 of
+    // 1,500 were out in one ASan run.
     for (const char* stage : {"wire", "landing"}) {
       const int count = row.at("stages").at(stage).value("count", -1);
       EXPECT_LE(count, row.value("items", 0) + row.value("window", 0)) << stage;
-      EXPECT_GT(count, row.value("items", 0) - 2 * row.value("window", 0) - 8) << stage;
+      EXPECT_GT(count, row.value("items", 0) / 2) << stage;
     }
     const auto& consumer = row.at("cpu_us_per_item");
     const auto& producer = row.at("producer_cpu_us_per_item");
