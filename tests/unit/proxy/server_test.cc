@@ -239,8 +239,12 @@ TEST_F(ProxyServerTest, ProbesEvictAnInstanceThatStopsAnswering) {
     return 0;
   });
   // Waits for the prober's verdict (bounded): three refused probes evict the decode.
+  // The roster shows the eviction before the prober counts it in the metrics (its
+  // next statement, on the proxy's thread), so both are waited for.
   const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while ((*proxy)->roster().live_count(InstanceRole::decode) != 0 && std::chrono::steady_clock::now() < deadline) {
+  while (((*proxy)->roster().live_count(InstanceRole::decode) != 0 ||
+          (*proxy)->metrics().value("ecx_proxy_evictions_total", {}) < 1) &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(1ms);
   }
   EXPECT_EQ((*proxy)->roster().evicted_count(InstanceRole::decode), 1u);
