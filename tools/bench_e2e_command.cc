@@ -884,9 +884,10 @@ int run_all(const E2eOptions& o) {
          "lone ratio: a lone item's GB/s by that p50 over the raw plane's by its delivery p50; sim us: the simulator's "
          "own CPU time per item, consumer engine "
          "threads (encoder-cache allocation, content check after the ready stamp: every block's stamp, every "
-         "byte of 1 item in 16; the admit channel's messages) + producer (stamping the content, admit messages), "
-         "no part of ECX, sampled (the CPU clock read around a random 1 in 8 of those regions, each counted 8 "
-         "times)\n";
+         "byte of 1 item in 16; the admit channel's messages and the waits for them) + producer (stamping the "
+         "content, admit messages, waits for the consumer's answers), no part of ECX, sampled (the CPU clock read "
+         "around a random 1 in 8 of those regions, each counted 8 times less the clock's own cost; every wait "
+         "read)\n";
   if (!rounds.empty()) {
     print_stage_table(rounds.back().phases);
     print_cpu_table(rounds.back().phases, rounds.back().raws);

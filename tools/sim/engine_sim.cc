@@ -322,8 +322,10 @@ class CpuWindow {
       : warm_up_(warm_up_requests), open_(warm_up_requests == 0), on_opened_(std::move(on_opened)) {}
 
   // A run without a warm-up counts from its first request, not from its start.
-  void first_request() {
-    if (warm_up_ == 0) from_ = ThreadCpu::now();
+  void first_request(std::uint64_t sim_ns) {
+    if (warm_up_ != 0) return;
+    from_ = ThreadCpu::now();
+    sim_ns_from_ = sim_ns;
   }
   // Opens the window once `requests` reach the warm-up. `sim_ns` and `items` are the
   // run's so far: close() counts only what comes after.
@@ -825,13 +827,19 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       next_progress = s.options.clock->now() + s.options.progress_interval;
     }
     if (s.pending.empty()) {
+      // Nothing admitted waits: the engine waits for the admit channel (the simulated
+      // proxy), the simulator's own wait. Left outside its regions, the waits of a
+      // latency phase, one or two per item, were charged to ECX's calls.
       zmq::pollitem_t item{static_cast<void*>(s.admit), 0, ZMQ_POLLIN, 0};
+      auto waiting = s.sim_cpu.start_always();
       zmq::poll(&item, 1, std::chrono::milliseconds(1));
+      waiting.stop(s.result.sim_engine_ns);
       // The CPU window opens with the first request. Before it the engine waits for
       // the producer's start-up (its pools: seconds), stepping once a millisecond, which
       // cost 0.2-0.4 s of this thread's CPU and, spread over the items, was counted as
       // ECX's (about 1 ms per item in a 300-item phase).
-      if (s.result.progress.requests_admitted == 0 && (item.revents & ZMQ_POLLIN) != 0) cpu_window.first_request();
+      if (s.result.progress.requests_admitted == 0 && (item.revents & ZMQ_POLLIN) != 0)
+        cpu_window.first_request(s.result.sim_engine_ns);
     } else if (!progressed) {
       // Requests wait for their transfers: the next step comes as soon as a transfer
       // event or a new request arrives (one poll for both), as an engine stepping
@@ -1157,8 +1165,11 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         // bounds what no answer announces (failed pushes reported to the scheduler),
         // as the consumer's: a 1 ms cap woke the engine 2-3 times during each lone
         // 9 MiB item's transfer, CPU the data plane's threads wanted on 2 CPUs.
+        // The simulator's own wait (see the consumer's).
         zmq::pollitem_t item{static_cast<void*>(admit), 0, ZMQ_POLLIN, 0};
+        auto waiting = sim_cpu.start_always();
         zmq::poll(&item, 1, kIdleStepCap);
+        waiting.stop(result.sim_ns);
       } else if (in_flight > 0 && next < workload.size()) {
         // Window or staging full: the next push may start once one finishes. A timed
         // 200 us sleep here woke the engine about ten times per 9 MiB item, CPU the
@@ -1170,7 +1181,9 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         // item), CPU the CPU table charged to ECX's calls.
         (void)engine.wait_idle(kIdleStepCap);
       } else {
+        auto waiting = sim_cpu.start_always();
         std::this_thread::sleep_for(std::chrono::microseconds(200));
+        waiting.stop(result.sim_ns);
       }
     }
   }

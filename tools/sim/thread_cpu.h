@@ -41,11 +41,14 @@ class ThreadCpu {
 std::uint64_t thread_cpu_ns();
 
 // Times the simulator's own regions of work on one thread (content stamping, its
-// admit channel, encoder-cache allocation), reading the thread's CPU clock for a
-// random 1 in `every` regions and counting each region it read `every` times: an
-// unbiased estimate of their total. Reading that clock is a system call (0.6-0.8 us on
-// the 2-CPU host); read around every region it cost both simulators about 6 us per
-// 64 KiB item, and what fell outside a region was charged to ECX. One per thread.
+// admit channel, encoder-cache allocation, its waits for the admit channel), reading
+// the thread's CPU clock for a random 1 in `every` regions and counting each region
+// it read `every` times: an unbiased estimate of their total. Reading that clock is a
+// system call (0.6-0.8 us on the 2-CPU host); read around every region it cost both
+// simulators about 6 us per 64 KiB item, and what fell outside a region was charged
+// to ECX. A read region also holds part of the two reads' own cost (0.5 us there),
+// which `every` multiplied into the estimate: the median of back-to-back reads, taken
+// at construction, is taken off each read region. One per thread.
 class SampledCpuTime {
  public:
   using Clock = std::function<std::uint64_t()>;
@@ -60,6 +63,7 @@ class SampledCpuTime {
     friend class SampledCpuTime;
     const Clock* clock_ = nullptr;  // null: this region is not read
     std::uint64_t started_ns_ = 0;
+    std::uint64_t overhead_ns_ = 0;
     std::uint32_t weight_ = 0;
   };
   // A region of work over at least this many bytes is read every time and counted
@@ -70,8 +74,13 @@ class SampledCpuTime {
   static constexpr std::uint64_t kAlwaysReadBytes = 1 << 20;
   // A region of work over `bytes` (0: small or unknown: sampled).
   Region start(std::uint64_t bytes = 0);
+  // A region read every time and counted once: a wait, whose CPU time varies too
+  // widely from one to the next for a sample to stand for the rest.
+  Region start_always() { return read(1); }
 
   std::uint64_t clock_reads() const noexcept { return clock_reads_; }
+  // What an empty read region measures: taken off each read region.
+  std::uint64_t overhead_ns() const noexcept { return overhead_ns_; }
 
  private:
   Region read(std::uint32_t weight);
@@ -79,6 +88,7 @@ class SampledCpuTime {
   std::minstd_rand random_;
   std::uint32_t every_;
   Clock clock_;
+  std::uint64_t overhead_ns_ = 0;
   std::uint64_t clock_reads_ = 0;
 };
 

@@ -129,6 +129,52 @@ TEST(SampledCpuTime, ReadsTheClockForOneRegionInEveryAndScalesWhatItRead) {
   EXPECT_EQ(every_region.clock_reads(), 10u);
 }
 
+// A read region holds the clock's own cost (a system call for the thread's CPU clock):
+// the sampler measures it once, from back-to-back reads, and takes it off each read
+// region before scaling, or 1 in 8 read regions of 100 ns would count 8 x 600. A
+// fake clock that costs 500 ns per read stands in.
+TEST(SampledCpuTime, TakesTheClocksOwnCostOffEachReadRegion) {
+  std::uint64_t fake_ns = 0;
+  const SampledCpuTime::Clock costly = [&] {
+    fake_ns += 500;
+    return fake_ns;
+  };
+  SampledCpuTime every_region(7, 1, costly);
+  EXPECT_EQ(every_region.overhead_ns(), 500u);
+  std::uint64_t exact = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto region = every_region.start();
+    fake_ns += 100;
+    region.stop(exact);
+  }
+  EXPECT_EQ(exact, 1000u);
+
+  SampledCpuTime sampler(7, 8, costly);
+  std::uint64_t total = 0;
+  constexpr int kRegions = 80'000;
+  for (int i = 0; i < kRegions; ++i) {
+    auto region = sampler.start();
+    fake_ns += 100;
+    region.stop(total);
+  }
+  EXPECT_EQ(total, sampler.clock_reads() * 8 * 100);
+  EXPECT_NEAR(static_cast<double>(total), kRegions * 100.0, kRegions * 100.0 * 0.05);
+}
+
+// A wait is read every time and counted once.
+TEST(SampledCpuTime, AWaitIsReadEveryTime) {
+  std::uint64_t fake_ns = 0;
+  SampledCpuTime sampler(7, 8, [&] { return fake_ns; });
+  std::uint64_t waited = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto region = sampler.start_always();
+    fake_ns += 7'000;
+    region.stop(waited);
+  }
+  EXPECT_EQ(waited, 35'000u);
+  EXPECT_EQ(sampler.clock_reads(), 5u);
+}
+
 // A region of large work is read every time and counted once, among sampled small ones.
 TEST(SampledCpuTime, ARegionOfLargeWorkIsReadEveryTimeAndCountedOnce) {
   std::uint64_t fake_ns = 0;
