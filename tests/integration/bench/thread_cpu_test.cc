@@ -98,6 +98,18 @@ TEST(ThreadCpu, EngineThreadsAreKnownByName) {
   }
 }
 
+// Times `count` regions of `work_ns` each on `sampler`, whose clock reads `fake_ns`;
+// returns the estimate.
+std::uint64_t time_regions(SampledCpuTime& sampler, std::uint64_t& fake_ns, int count, std::uint64_t work_ns) {
+  std::uint64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    auto region = sampler.start();
+    fake_ns += work_ns;
+    region.stop(total);
+  }
+  return total;
+}
+
 // The simulators' sampled region timer: it reads its clock for about 1 in `every`
 // regions and counts each one it read `every` times, so the estimate of regions of one
 // cost is exact in expectation and close over many. A fake clock that advances 100 ns
@@ -119,13 +131,7 @@ TEST(SampledCpuTime, ReadsTheClockForOneRegionInEveryAndScalesWhatItRead) {
   EXPECT_NEAR(static_cast<double>(total), kRegions * 100.0, kRegions * 100.0 * 0.05);
 
   SampledCpuTime every_region(7, 1, [&] { return fake_ns; });
-  std::uint64_t exact = 0;
-  for (int i = 0; i < 10; ++i) {
-    auto region = every_region.start();
-    fake_ns += 100;
-    region.stop(exact);
-  }
-  EXPECT_EQ(exact, 1000u);
+  EXPECT_EQ(time_regions(every_region, fake_ns, 10, 100), 1000u);
   EXPECT_EQ(every_region.clock_reads(), 10u);
 }
 
@@ -141,22 +147,11 @@ TEST(SampledCpuTime, TakesTheClocksOwnCostOffEachReadRegion) {
   };
   SampledCpuTime every_region(7, 1, costly);
   EXPECT_EQ(every_region.overhead_ns(), 500u);
-  std::uint64_t exact = 0;
-  for (int i = 0; i < 10; ++i) {
-    auto region = every_region.start();
-    fake_ns += 100;
-    region.stop(exact);
-  }
-  EXPECT_EQ(exact, 1000u);
+  EXPECT_EQ(time_regions(every_region, fake_ns, 10, 100), 1000u);
 
   SampledCpuTime sampler(7, 8, costly);
-  std::uint64_t total = 0;
   constexpr int kRegions = 80'000;
-  for (int i = 0; i < kRegions; ++i) {
-    auto region = sampler.start();
-    fake_ns += 100;
-    region.stop(total);
-  }
+  const std::uint64_t total = time_regions(sampler, fake_ns, kRegions, 100);
   EXPECT_EQ(total, sampler.clock_reads() * 8 * 100);
   EXPECT_NEAR(static_cast<double>(total), kRegions * 100.0, kRegions * 100.0 * 0.05);
 }
