@@ -115,26 +115,25 @@ SampledCpuTime::SampledCpuTime(std::uint32_t seed, std::uint32_t every, Clock cl
 }
 
 SampledCpuTime::Region SampledCpuTime::start(std::uint64_t bytes) {
-  if (bytes >= kAlwaysReadBytes) return read(1);
+  if (bytes >= kAlwaysReadBytes) return start_always();
   if (random_() % every_ != 0) return Region{};
   return read(every_);
 }
 
 SampledCpuTime::Region SampledCpuTime::read(std::uint32_t weight) {
   Region region;
-  region.clock_ = &clock_;
+  region.sampler_ = this;
   region.weight_ = weight;
-  region.overhead_ns_ = overhead_ns_;
   ++clock_reads_;
   region.started_ns_ = clock_();
   return region;
 }
 
 void SampledCpuTime::Region::stop(std::uint64_t& total_ns) {
-  if (clock_ == nullptr) return;
-  const std::uint64_t elapsed = (*clock_)() - started_ns_;
-  total_ns += (elapsed - std::min(elapsed, overhead_ns_)) * weight_;
-  clock_ = nullptr;
+  if (sampler_ == nullptr) return;
+  const std::uint64_t elapsed = sampler_->clock_() - started_ns_;
+  total_ns += (elapsed - std::min(elapsed, sampler_->overhead_ns_)) * weight_;
+  sampler_ = nullptr;
 }
 
 }  // namespace ecx::sim

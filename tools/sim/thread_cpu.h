@@ -61,9 +61,8 @@ class SampledCpuTime {
 
    private:
     friend class SampledCpuTime;
-    const Clock* clock_ = nullptr;  // null: this region is not read
+    const SampledCpuTime* sampler_ = nullptr;  // null: this region is not read
     std::uint64_t started_ns_ = 0;
-    std::uint64_t overhead_ns_ = 0;
     std::uint32_t weight_ = 0;
   };
   // A region of work over at least this many bytes is read every time and counted
