@@ -212,15 +212,10 @@ json sleeps_per_item(const std::map<std::string, std::uint64_t>& thread_sleeps, 
   return per_item(thread_sleeps, items, 1.0);
 }
 
-// What a thread name is, and whether it is the simulated engine's rather than ECX's.
-// The engine threads ("ecx": the process's main thread and, with TP > 1, one per
-// rank) run both: the simulator's own part is measured apart (sim_us_per_item).
-struct ThreadKind {
-  std::string label;
-  bool simulator = false;
-};
-
-ThreadKind thread_kind(const std::string& name) {
+// What a thread of ECX's is, by its name. The engine threads ("ecx-engine": the
+// process's main thread and, with TP > 1, one per rank) run both ECX's calls and the
+// simulator's own work, measured apart (sim_us_per_item); every other thread is ECX's.
+std::string thread_label(const std::string& name) {
   static const std::map<std::string, std::string, std::less<>> ecx_threads = {
       {"ecx-ucx", "UCX progress"},
       {"ecx-push", "push dispatcher"},
@@ -230,21 +225,20 @@ ThreadKind thread_kind(const std::string& name) {
       {"async", "UCX async events"},
       {"ecx-metrics", "metrics endpoint"},
   };
-  if (auto it = ecx_threads.find(name); it != ecx_threads.end()) return {it->second, false};
+  if (auto it = ecx_threads.find(name); it != ecx_threads.end()) return it->second;
   // ZeroMQ's "<tag>/ZMQbg/IO/0" and "<tag>/ZMQbg/Reaper" (control::detail::ContextTag).
   if (const auto slash = name.find("/ZMQbg/"); slash != std::string::npos) {
     using control::detail::ContextTag;
-    static const std::map<std::string, ThreadKind, std::less<>> contexts = {
-        {std::to_string(static_cast<int>(ContextTag::control_client)), {"control client", false}},
-        {std::to_string(static_cast<int>(ContextTag::control_server)), {"control server", false}},
-        {std::to_string(static_cast<int>(ContextTag::event_inbox)), {"event subscription", false}},
-        {std::to_string(static_cast<int>(ContextTag::simulator_admit)), {"admit channel", true}}};
+    static const std::map<std::string, std::string, std::less<>> contexts = {
+        {std::to_string(static_cast<int>(ContextTag::control_client)), "control client"},
+        {std::to_string(static_cast<int>(ContextTag::control_server)), "control server"},
+        {std::to_string(static_cast<int>(ContextTag::event_inbox)), "event subscription"}};
     const std::string what = name.substr(slash + 7) == "Reaper" ? "reaper" : "I/O";
     if (auto it = contexts.find(name.substr(0, slash)); it != contexts.end()) {
-      return {"ZeroMQ " + what + ": " + it->second.label, it->second.simulator};
+      return "ZeroMQ " + what + ": " + it->second;
     }
   }
-  return {name, false};
+  return name;
 }
 
 // A sleeps/item cell.
@@ -298,8 +292,7 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
           if (const auto n = sleeps_of(name)) engine_sleeps = engine_sleeps.value_or(0.0) + *n;
           continue;
         }
-        const auto kind = thread_kind(name);
-        row(process, kind.label, us, kind.simulator, sleeps_of(name));
+        row(process, thread_label(name), us, false, sleeps_of(name));
       }
       const double sim_us = std::min(engine_us, e2e.value(sim_key, 0.0));
       row(process, "engine threads: ECX's calls", engine_us - sim_us, false, engine_sleeps);

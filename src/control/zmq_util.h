@@ -39,9 +39,8 @@ class Wakeup {
 
 // libzmq names a context's threads "<tag>/ZMQbg/IO/0" (libzmq 4.3 takes a number):
 // the tag says which of ECX's contexts a busy I/O thread serves, in `top -H` and in
-// the CPU table of `ecx bench e2e` (docs/operations.md lists them). The engine
-// simulator's admit channel (tools/sim) is tagged too, so the bench counts it apart.
-enum class ContextTag : int { control_client = 1, control_server = 2, event_inbox = 3, simulator_admit = 9 };
+// the CPU table of `ecx bench e2e` (docs/operations.md lists them).
+enum class ContextTag : int { control_client = 1, control_server = 2, event_inbox = 3 };
 // One I/O thread, tagged. Set before the first socket starts the context's threads.
 zmq::context_t tagged_context(ContextTag tag);
 

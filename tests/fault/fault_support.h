@@ -24,9 +24,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-#include <zmq.hpp>
 
 #include "ecx/core/config.h"
+#include "sim/admit_link.h"
 #include "sim/admit_message.h"
 #include "sim/process.h"
 
@@ -164,16 +164,16 @@ inline std::map<std::string, double> scrape_metrics(int port) {
 
 // The admit channel a proxy would own: the producer forwards every finished request
 // here (sim::AdmitRequest: request_id, items with mm_hash, transfer_id and spec, ...),
-// then sim::AdmitDone. The producer connects a DEALER (it reads the consumer's answers on
-// the same channel); this channel answers nothing.
+// then sim::AdmitDone, on its admit connection (it reads the consumer's answers on the
+// same connection); this channel answers nothing.
 class AdmitChannel {
  public:
   AdmitChannel() {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.bind("tcp://127.0.0.1:*");
-    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+    auto bound = sim::AdmitListener::bind("tcp://127.0.0.1:0");
+    EXPECT_TRUE(bound) << bound.status().to_string();
+    if (bound) listener_ = std::move(*bound);
   }
-  const std::string& endpoint() const { return endpoint_; }
+  std::string endpoint() const { return listener_ ? listener_->endpoint() : std::string(); }
   using Admit = std::variant<sim::AdmitRequest, sim::AdmitDone>;
   // The next admit message, or nullopt after `timeout` (or for one it cannot read).
   std::optional<Admit> next(std::chrono::milliseconds timeout) {
@@ -185,21 +185,25 @@ class AdmitChannel {
   }
 
  private:
-  // One ZeroMQ message of the channel, as the consumer simulator reads it (a ROUTER).
+  // What the producers sent, as the consumer simulator reads it.
   void receive(std::chrono::milliseconds timeout) {
-    zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) <= 0) return;
-    auto batch = sim::receive_admits(socket_);
-    if (!batch) return;
-    for (auto& decoded : batch->admits) {
-      if (decoded) queued_.push_back(std::move(*decoded));
+    if (!listener_) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    // A wake-up may be a producer connecting, with nothing to read yet.
+    while (queued_.empty()) {
+      for (auto& batch : listener_->receive()) {
+        for (auto& decoded : batch.admits) {
+          if (decoded) queued_.push_back(std::move(*decoded));
+        }
+      }
+      const auto left = deadline - std::chrono::steady_clock::now();
+      if (!queued_.empty() || left <= std::chrono::steady_clock::duration::zero()) return;
+      (void)listener_->wait(std::chrono::duration_cast<Duration>(left));
     }
   }
 
   std::deque<Admit> queued_;
-  zmq::context_t context_{1};
-  zmq::socket_t socket_{context_, zmq::socket_type::router};
-  std::string endpoint_;
+  std::unique_ptr<sim::AdmitListener> listener_;
 };
 
 // A producer's arguments for the consumer whose first shard listens at

@@ -179,18 +179,4 @@ Result<AdmitAnswer> decode_answer(std::string_view message) {
   return AdmitAnswer{std::move(*id), fields->ptr[2].via.boolean};
 }
 
-std::optional<AdmitBatch> receive_admits(zmq::socket_t& router) {
-  zmq::message_t identity;
-  if (!router.recv(identity, zmq::recv_flags::dontwait)) return std::nullopt;
-  AdmitBatch batch{identity.to_string(), {}};
-  for (bool more = identity.more(); more;) {
-    zmq::message_t part;
-    // The parts of a message arrive together: this never waits.
-    if (!router.recv(part, zmq::recv_flags::dontwait)) break;
-    more = part.more();
-    batch.admits.push_back(decode_admit(part.to_string_view()));
-  }
-  return batch;
-}
-
 }  // namespace ecx::sim

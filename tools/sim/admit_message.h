@@ -14,8 +14,6 @@
 #include <variant>
 #include <vector>
 
-#include <zmq.hpp>
-
 #include "ecx/core/status.h"
 #include "sim/workload.h"
 
@@ -58,15 +56,13 @@ std::string encode_answer(const AdmitAnswer& answer);
 // is not a simulator, or of another version).
 Result<std::variant<AdmitRequest, AdmitDone>> decode_admit(std::string_view message);
 
-// One ZeroMQ message of the admit channel, read off the consumer's ROUTER socket
-// without waiting: the producer's routing id, then one admit message per part (a
-// producer sends a step's requests as the parts of one message, so that the channel
-// wakes once per step). nullopt when none is queued.
+// What one producer's connection held when the consumer read it (admit_link.h): the
+// producer's name there (where answers go), then its admit messages in order. A producer
+// writes a step's requests at once, so that the consumer wakes once per step.
 struct AdmitBatch {
-  std::string sender;                                                 // the producer's routing id: where answers go
-  std::vector<Result<std::variant<AdmitRequest, AdmitDone>>> admits;  // in order; an unreadable part: why
+  std::string sender;                                                 // where answers go
+  std::vector<Result<std::variant<AdmitRequest, AdmitDone>>> admits;  // in order; an unreadable one: why
 };
-std::optional<AdmitBatch> receive_admits(zmq::socket_t& router);
 Result<AdmitAnswer> decode_answer(std::string_view message);
 
 }  // namespace ecx::sim

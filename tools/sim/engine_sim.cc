@@ -16,10 +16,8 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <zmq.hpp>
 
 #include "connector/scheduler/transfer_params_json.h"
-#include "control/zmq_util.h"
 #include "core/logging.h"
 #include "ecx/connector/scheduler/coordinator.h"
 #include "ecx/connector/scheduler/transfer_params.h"
@@ -29,6 +27,7 @@
 #include "ecx/pool/offset_allocator.h"
 #include "ecx/pool/slab.h"
 #include "ecx/store/store_config.h"
+#include "sim/admit_link.h"
 #include "sim/admit_message.h"
 #include "sim/thread_cpu.h"
 
@@ -46,6 +45,10 @@ constexpr auto kIdleStepCap = std::chrono::milliseconds(10);
 constexpr std::uint64_t kFullCheckEvery = 16;  // ContentCheck::sampled
 // Longest wait, after the run, for the shards to answer the scheduler's last cancels.
 constexpr auto kSettleLimit = std::chrono::seconds(5);
+// How long a producer retries a refused admit connection (a consumer still binding),
+// and waits for the consumer to take its last admit messages.
+constexpr auto kAdmitConnectLimit = std::chrono::seconds(10);
+constexpr auto kAdmitDoneLimit = std::chrono::seconds(5);
 
 // The proxy's ec_transfer_params for an encoder: where the consumer listens, and each
 // item's transfer. Written as text: built as a JSON tree per request, they were most
@@ -373,12 +376,10 @@ double percentile(std::vector<double> samples, double pct) {
 struct ConsumerSim::State {
   ConsumerSimOptions options;
   std::shared_ptr<spdlog::logger> log = ecx::log::get("sim");
-  zmq::context_t context = control::detail::tagged_context(control::detail::ContextTag::simulator_admit);
-  // ROUTER: producers (DEALER) send admit messages; a resolved request whose message
-  // asked ("answer": true) is answered to its sender ({"resolved": id}), so a producer
-  // can send one item at a time.
-  zmq::socket_t admit{context, zmq::socket_type::router};
-  std::string admit_endpoint;
+  // Producers connect and send admit messages; a resolved request whose message asked
+  // (wants_answer) is answered on its producer's connection, so a producer can send
+  // one item at a time.
+  std::unique_ptr<AdmitListener> admit;
   std::unique_ptr<scheduler::SchedulerCoordinator> scheduler;
   std::vector<std::unique_ptr<worker::WorkerCoordinator>> workers;
   std::vector<EncoderCache> caches;  // one encoder cache per TP rank
@@ -428,13 +429,13 @@ struct ConsumerSim::State {
   std::vector<SampledCpuTime> rank_cpu;
 
   void admit_messages() {
-    while (auto batch = receive_admits(admit)) {
-      for (auto& decoded : batch->admits) {
+    for (auto& batch : admit->receive()) {
+      for (auto& decoded : batch.admits) {
         if (!decoded) {
           log->warn("ignoring an unreadable admit message: {}", decoded.status().to_string());
           continue;
         }
-        admit_one(batch->sender, *decoded);
+        admit_one(batch.sender, *decoded);
       }
     }
   }
@@ -488,13 +489,7 @@ struct ConsumerSim::State {
     if (!p.wants_answer) return;
     auto region = sim_cpu.start();
     const auto text = encode_answer(AdmitAnswer{p.view.request_id, ready});
-    try {
-      if (admit.send(zmq::buffer(p.sender), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        (void)admit.send(zmq::buffer(text), zmq::send_flags::dontwait);
-      }
-    } catch (const zmq::error_t& e) {
-      log->debug("cannot answer {}: {}", p.view.request_id, e.what());
-    }
+    admit->send(p.sender, text);
     region.stop(result.sim_engine_ns);
   }
 
@@ -768,14 +763,9 @@ Result<std::unique_ptr<ConsumerSim>> ConsumerSim::start(ConsumerSimOptions optio
   state->options = std::move(options);
   const auto& config = state->options.config;
   if (!config.is_consumer()) return invalid_argument("ConsumerSim needs a consumer configuration");
-  state->admit.set(zmq::sockopt::linger, 0);
-  state->admit.set(zmq::sockopt::ipv6, 1);
-  try {
-    state->admit.bind(state->options.admit_bind);
-  } catch (const zmq::error_t& e) {
-    return unavailable(fmt::format("cannot bind the admit channel {}: {}", state->options.admit_bind, e.what()));
-  }
-  state->admit_endpoint = state->admit.get(zmq::sockopt::last_endpoint);
+  auto admit = AdmitListener::bind(state->options.admit_bind);
+  if (!admit) return admit.status();
+  state->admit = std::move(*admit);
   // The engine's own memory first: a producer may start once every shard answers
   // (`ecx bench e2e`), so what the engine needs must be in place by then.
   for (int rank = 0; rank < config.layout.tp_size; ++rank) state->caches.emplace_back(config.buffer_size);
@@ -806,7 +796,7 @@ ConsumerSim::~ConsumerSim() {
   for (auto& w : state_->workers) w->shutdown();
 }
 
-std::string ConsumerSim::admit_endpoint() const { return state_->admit_endpoint; }
+std::string ConsumerSim::admit_endpoint() const { return state_->admit->endpoint(); }
 std::string ConsumerSim::control_address() const { return state_->options.config.control_address(0); }
 
 ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
@@ -830,24 +820,22 @@ ConsumerResult ConsumerSim::run(const std::atomic<bool>* stop) {
       // Nothing admitted waits: the engine waits for the admit channel (the simulated
       // proxy), the simulator's own wait. Left outside its regions, the waits of a
       // latency phase, one or two per item, were charged to ECX's calls.
-      zmq::pollitem_t item{static_cast<void*>(s.admit), 0, ZMQ_POLLIN, 0};
       auto waiting = s.sim_cpu.start_always();
-      zmq::poll(&item, 1, std::chrono::milliseconds(1));
+      const bool readable = s.admit->wait(std::chrono::milliseconds(1));
       waiting.stop(s.result.sim_engine_ns);
       // The CPU window opens with the first request. Before it the engine waits for
       // the producer's start-up (its pools: seconds), stepping once a millisecond, which
       // cost 0.2-0.4 s of this thread's CPU and, spread over the items, was counted as
       // ECX's (about 1 ms per item in a 300-item phase).
-      if (s.result.progress.requests_admitted == 0 && (item.revents & ZMQ_POLLIN) != 0)
-        cpu_window.first_request(s.result.sim_engine_ns);
+      if (s.result.progress.requests_admitted == 0 && readable) cpu_window.first_request(s.result.sim_engine_ns);
     } else if (!progressed) {
       // Requests wait for their transfers: the next step comes as soon as a transfer
       // event or a new request arrives (one poll for both), as an engine stepping
       // without pause would take them, without a core spent stepping on nothing. On
       // this VM each timed 50 µs wait cost its thread tens of µs of CPU, which the
       // CPU table charged to ECX. See kIdleStepCap.
-      const WakeSource admit_socket{s.admit.handle()};
-      (void)s.scheduler->wait_for_events(kIdleStepCap, std::span(&admit_socket, 1));
+      const auto admit_sockets = s.admit->wake_sources();
+      (void)s.scheduler->wait_for_events(kIdleStepCap, admit_sockets);
     }
   }
   cpu_window.close(s.result, s.result.sim_engine_ns, s.result.items_ready);
@@ -943,24 +931,17 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     (void)proxy_index->wait_confirmed(std::chrono::seconds(30));
   }
 
-  zmq::context_t context = control::detail::tagged_context(control::detail::ContextTag::simulator_admit);
-  zmq::socket_t admit{context, zmq::socket_type::dealer};
-  admit.set(zmq::sockopt::linger, 5000);  // let the final "done" reach the consumer
-  admit.set(zmq::sockopt::ipv6, 1);
-  admit.set(zmq::sockopt::sndhwm, 0);
-  try {
-    admit.connect(o.admit_connect);
-  } catch (const zmq::error_t& e) {
-    return unavailable(fmt::format("cannot connect the admit channel {}: {}", o.admit_connect, e.what()));
-  }
+  auto connected = AdmitConnection::connect(o.admit_connect, kAdmitConnectLimit);
+  if (!connected) return connected.status();
+  AdmitConnection& admit = **connected;
 
   ProducerResult result;
+  bool admit_lost_logged = false;
   // Requests sent to the consumer and not yet answered as resolved (max_unresolved).
   std::set<std::string> unresolved;
   auto take_answers = [&] {
-    zmq::message_t answer;
-    while (admit.recv(answer, zmq::recv_flags::dontwait)) {
-      if (auto decoded = decode_answer(answer.to_string_view())) unresolved.erase(decoded->request_id);
+    for (const auto& answer : admit.receive()) {
+      if (auto decoded = decode_answer(answer)) unresolved.erase(decoded->request_id);
     }
   };
   // zero_copy_saves: the encoder writes its outputs into memory it lends to ECX.
@@ -1011,7 +992,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
     std::uint64_t staging_budget =
         counters.staging_capacity - std::min(counters.staging_capacity, counters.staging_used_bytes);
     staging_budget -= std::min(staging_budget, counters.staging_capacity / 4);  // headroom for fragmentation
-    take_answers();
+    if (o.max_unresolved > 0) take_answers();                                   // only then does the consumer answer
     const bool gated = o.max_unresolved > 0 && unresolved.size() >= static_cast<std::size_t>(o.max_unresolved);
     while (
         !gated && next < workload.size() &&
@@ -1044,7 +1025,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         const auto params = json{{"ec_items", std::move(items)}}.dump();
         const auto text =
             encode_admit(AdmitRequestView{r->request_id, std::nullopt, o.max_unresolved > 0, unencoded, params});
-        admit.send(zmq::buffer(text), zmq::send_flags::none);
+        admit.queue(text);
         if (o.max_unresolved > 0) unresolved.insert(r->request_id);
         ++result.encoder_hops_skipped;
         ++result.requests;
@@ -1146,13 +1127,19 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       const auto text =
           encode_admit(AdmitRequestView{batch[b]->request_id, encoded_at[b].time_since_epoch().count(),
                                         o.max_unresolved > 0, batch[b]->items, params.params.value_or("")});
-      // The step's requests go as the parts of one message (receive_admits): ZeroMQ
-      // hands a message to its I/O thread at the last part, so the channel wakes once
-      // per step.
-      admit.send(zmq::buffer(text), b + 1 < batch.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      admit.queue(text);  // the step's requests go in one write, below
       admitting.stop(result.sim_ns);
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
       ++result.requests;
+    }
+    {
+      auto writing = sim_cpu.start();
+      admit.flush();
+      writing.stop(result.sim_ns);
+      if (!admit.open() && !admit_lost_logged) {
+        log->warn("the admit channel to the consumer is closed: {}", admit.why_closed());
+        admit_lost_logged = true;
+      }
     }
     if (auto m = worker.build_worker_meta()) scheduler.update_connector_output(m->to_output());
     if (next >= workload.size() && deferred.empty() && !worker.push_engine()->pending() &&
@@ -1166,9 +1153,8 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
         // as the consumer's: a 1 ms cap woke the engine 2-3 times during each lone
         // 9 MiB item's transfer, CPU the data plane's threads wanted on 2 CPUs.
         // The simulator's own wait (see the consumer's).
-        zmq::pollitem_t item{static_cast<void*>(admit), 0, ZMQ_POLLIN, 0};
         auto waiting = sim_cpu.start_always();
-        zmq::poll(&item, 1, kIdleStepCap);
+        (void)admit.wait(kIdleStepCap);
         waiting.stop(result.sim_ns);
       } else if (in_flight > 0 && next < workload.size()) {
         // Window or staging full: the next push may start once one finishes. A timed
@@ -1205,8 +1191,11 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       counters.pushes.started, counters.pushes.done, counters.pushes.failed, counters.pushes.active,
       counters.pushes.payloads_sent, counters.pushes.io_in_flight, counters.topology_failures,
       counters.staging_failures);
-  const auto done = encode_admit(AdmitDone{result.requests});
-  admit.send(zmq::buffer(done), zmq::send_flags::none);
+  admit.queue(encode_admit(AdmitDone{result.requests}));
+  // What ZeroMQ's linger did: the consumer gets the last requests and the "done".
+  if (Status sent = admit.flush_within(kAdmitDoneLimit); !sent) {
+    log->warn("the consumer did not take the admit channel's last messages: {}", sent.to_string());
+  }
   result.wall_s = duration_to_seconds(o.clock->now() - started);
   scheduler.close();
   worker.shutdown();
