@@ -258,10 +258,12 @@ std::vector<WakeSource> AdmitListener::wake_sources() const {
   return sources;
 }
 
-bool AdmitListener::wait(Duration timeout) const {
+bool AdmitListener::wait(Duration timeout) {
   std::vector<pollfd> fds;
   for (const auto& source : wake_sources()) fds.push_back(pollfd{source.fd, POLLIN, 0});
-  return poll_readable(fds, timeout);
+  if (!poll_readable(fds, timeout)) return false;
+  if (fds[0].revents != 0) accept_waiting();  // fds[0]: the listening socket
+  return std::any_of(fds.begin() + 1, fds.end(), [](const pollfd& p) { return p.revents != 0; });
 }
 
 // ---------------------------------------------------------------- AdmitConnection

@@ -97,8 +97,11 @@ class AdmitListener {
   void send(std::string_view sender, std::string_view frame);
   // What to poll to learn that a producer connected or sent something.
   std::vector<WakeSource> wake_sources() const;
-  // Waits up to `timeout` for one of them; true when one is readable.
-  bool wait(Duration timeout) const;
+  // Waits up to `timeout` for one of them, and accepts a producer that connected;
+  // true only when a producer's connection has something to read (a producer that
+  // connects has sent nothing yet: the consumer's CPU window opens with the first
+  // request, not with the producer's start).
+  bool wait(Duration timeout);
 
  private:
   AdmitListener() = default;

@@ -99,6 +99,23 @@ TEST(SimAdmitLink, AStepsRequestsArriveInOrderAndAnswersReachTheirProducer) {
   EXPECT_TRUE(first->receive().empty());  // the other producer got nothing
 }
 
+TEST(SimAdmitLink, AProducerThatConnectsIsNoRequest) {
+  auto listener = bind_loopback();
+  ASSERT_TRUE(listener);
+  auto producer = connect_to(*listener);
+  ASSERT_TRUE(producer);
+  // Connected (the handshake is done when connect returns): the wait takes the
+  // producer on, but nothing was sent, so it reports nothing to read.
+  EXPECT_FALSE(listener->wait(Duration::zero()));
+  EXPECT_EQ(listener->wake_sources().size(), 2U);
+  producer->queue(request_frame("first"));
+  producer->flush();
+  EXPECT_TRUE(listener->wait(kWait));
+  const auto got = receive_requests(*listener, 1);
+  ASSERT_EQ(got.size(), 1U);
+  EXPECT_EQ(got[0].second, "first");
+}
+
 TEST(SimAdmitLink, AFrameSplitOverManyReadsArrivesWhole) {
   auto listener = bind_loopback();
   ASSERT_TRUE(listener);
