@@ -58,14 +58,25 @@ std::unique_ptr<AdmitConnection> connect_to(const AdmitListener& listener) {
   return connection ? std::move(*connection) : nullptr;
 }
 
-TEST(SimAdmitLink, AStepsRequestsArriveInOrderAndAnswersReachTheirProducer) {
-  auto listener = bind_loopback();
-  ASSERT_TRUE(listener);
+// A consumer's listener on loopback and one producer connected to it.
+class SimAdmitLink : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    listener = bind_loopback();
+    ASSERT_TRUE(listener);
+    producer = connect_to(*listener);
+    ASSERT_TRUE(producer);
+  }
+  std::unique_ptr<AdmitListener> listener;
+  std::unique_ptr<AdmitConnection> producer;
+};
+
+TEST_F(SimAdmitLink, AStepsRequestsArriveInOrderAndAnswersReachTheirProducer) {
   EXPECT_TRUE(listener->endpoint().starts_with("tcp://127.0.0.1:")) << listener->endpoint();
   EXPECT_NE(listener->endpoint(), "tcp://127.0.0.1:0");
-  auto first = connect_to(*listener);
+  auto& first = producer;
   auto second = connect_to(*listener);
-  ASSERT_TRUE(first && second);
+  ASSERT_TRUE(second);
   for (const char* id : {"a-1", "a-2", "a-3"}) first->queue(request_frame(id));
   second->queue(request_frame("b-1"));
   first->flush();
@@ -99,11 +110,7 @@ TEST(SimAdmitLink, AStepsRequestsArriveInOrderAndAnswersReachTheirProducer) {
   EXPECT_TRUE(first->receive().empty());  // the other producer got nothing
 }
 
-TEST(SimAdmitLink, AProducerThatConnectsIsNoRequest) {
-  auto listener = bind_loopback();
-  ASSERT_TRUE(listener);
-  auto producer = connect_to(*listener);
-  ASSERT_TRUE(producer);
+TEST_F(SimAdmitLink, AProducerThatConnectsIsNoRequest) {
   // Connected (the handshake is done when connect returns): the wait takes the
   // producer on, but nothing was sent, so it reports nothing to read.
   EXPECT_FALSE(listener->wait(Duration::zero()));
@@ -116,11 +123,7 @@ TEST(SimAdmitLink, AProducerThatConnectsIsNoRequest) {
   EXPECT_EQ(got[0].second, "first");
 }
 
-TEST(SimAdmitLink, AFrameSplitOverManyReadsArrivesWhole) {
-  auto listener = bind_loopback();
-  ASSERT_TRUE(listener);
-  auto producer = connect_to(*listener);
-  ASSERT_TRUE(producer);
+TEST_F(SimAdmitLink, AFrameSplitOverManyReadsArrivesWhole) {
   // Params of 4 MiB: more than one read of the consumer (64 KiB) and than the
   // socket's buffers take in one write.
   const std::string params(4U << 20, 'p');
@@ -145,11 +148,7 @@ TEST(SimAdmitLink, AFrameSplitOverManyReadsArrivesWhole) {
   EXPECT_EQ(got[1].request_id, "after");
 }
 
-TEST(SimAdmitLink, AProducerThatLeavesIsReadToTheEndThenDropped) {
-  auto listener = bind_loopback();
-  ASSERT_TRUE(listener);
-  auto producer = connect_to(*listener);
-  ASSERT_TRUE(producer);
+TEST_F(SimAdmitLink, AProducerThatLeavesIsReadToTheEndThenDropped) {
   producer->queue(request_frame("last"));
   ASSERT_TRUE(producer->flush_within(kWait));
   producer.reset();  // closes its connection
@@ -165,11 +164,7 @@ TEST(SimAdmitLink, AProducerThatLeavesIsReadToTheEndThenDropped) {
   EXPECT_EQ(listener->wake_sources().size(), 1U);
 }
 
-TEST(SimAdmitLink, APeerThatIsNoProducerIsDroppedAndTheOthersAreServed) {
-  auto listener = bind_loopback();
-  ASSERT_TRUE(listener);
-  auto producer = connect_to(*listener);
-  ASSERT_TRUE(producer);
+TEST_F(SimAdmitLink, APeerThatIsNoProducerIsDroppedAndTheOthersAreServed) {
   // A raw client whose first four bytes announce a frame longer than any admit message.
   auto address = listener->endpoint().substr(std::string("tcp://127.0.0.1:").size());
   sockaddr_in to{};
@@ -202,11 +197,7 @@ TEST(SimAdmitLink, APeerThatIsNoProducerIsDroppedAndTheOthersAreServed) {
   EXPECT_EQ(listener->wake_sources().size(), 2U);  // the listening socket and the producer
 }
 
-TEST(SimAdmitLink, ALastFlushNobodyReadsEndsAtItsBound) {
-  auto listener = bind_loopback();
-  ASSERT_TRUE(listener);
-  auto producer = connect_to(*listener);
-  ASSERT_TRUE(producer);
+TEST_F(SimAdmitLink, ALastFlushNobodyReadsEndsAtItsBound) {
   // More than loopback's socket buffers hold, and the consumer never reads: a flush
   // bounded by zero returns at once, naming what is left.
   const std::string params(12U << 20, 'p');
@@ -217,7 +208,7 @@ TEST(SimAdmitLink, ALastFlushNobodyReadsEndsAtItsBound) {
   EXPECT_TRUE(producer->open());
 }
 
-TEST(SimAdmitLink, BadEndpointsAreRefusedWithTheReason) {
+TEST(SimAdmitLinkEndpoints, BadEndpointsAreRefusedWithTheReason) {
   auto no_scheme = AdmitListener::bind("127.0.0.1:0");
   ASSERT_FALSE(no_scheme);
   EXPECT_EQ(no_scheme.status().code(), StatusCode::invalid_argument);
