@@ -302,6 +302,12 @@ std::vector<std::string> AdmitConnection::receive() {
 }
 
 bool AdmitConnection::wait(Duration timeout) const {
+  if (!stream_.open()) {
+    // No answer can come: the consumer's closed socket would read as ready at once,
+    // and a producer waiting for answers would spin until its deadline.
+    std::this_thread::sleep_for(timeout);
+    return false;
+  }
   std::vector<pollfd> fds{pollfd{stream_.fd(), POLLIN, 0}};
   return poll_readable(fds, timeout);
 }

@@ -135,7 +135,8 @@ class AdmitConnection {
   bool open() const { return stream_.open(); }
   const std::string& why_closed() const { return stream_.why_closed(); }
   int fd() const { return stream_.fd(); }
-  // Waits up to `timeout` for an answer; true when one is readable.
+  // Waits up to `timeout` for an answer; true when one is readable. Once the
+  // connection is closed, waits the whole `timeout` and answers false.
   bool wait(Duration timeout) const;
 
  private:

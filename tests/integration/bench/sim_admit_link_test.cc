@@ -197,6 +197,23 @@ TEST_F(SimAdmitLink, APeerThatIsNoProducerIsDroppedAndTheOthersAreServed) {
   EXPECT_EQ(listener->wake_sources().size(), 2U);  // the listening socket and the producer
 }
 
+TEST_F(SimAdmitLink, AConsumerThatLeavesClosesTheProducersEnd) {
+  producer->queue(request_frame("taken"));
+  producer->flush();
+  ASSERT_EQ(receive_requests(*listener, 1).size(), 1U);  // the consumer took the producer on
+  listener.reset();                                      // and leaves: its sockets close
+  ASSERT_TRUE(producer->wait(kWait));                    // the end of the stream is readable
+  EXPECT_TRUE(producer->receive().empty());
+  EXPECT_FALSE(producer->open());
+  EXPECT_NE(producer->why_closed().find("closed"), std::string::npos) << producer->why_closed();
+  // Nothing more can come: a wait does not report the closed socket as an answer, and
+  // what is queued now is dropped, not sent (no SIGPIPE).
+  EXPECT_FALSE(producer->wait(Duration::zero()));
+  producer->queue(request_frame("lost"));
+  producer->flush();
+  EXPECT_FALSE(producer->flush_within(Duration::zero()));
+}
+
 TEST_F(SimAdmitLink, ALastFlushNobodyReadsEndsAtItsBound) {
   // More than loopback's socket buffers hold, and the consumer never reads: a flush
   // bounded by zero returns at once, naming what is left.
