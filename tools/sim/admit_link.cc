@@ -15,13 +15,14 @@
 
 #include <fmt/format.h>
 
+#include "core/byte_order.h"
 #include "transport/address.h"
 
 namespace ecx::sim {
 namespace {
 
 constexpr std::string_view kScheme = "tcp://";
-constexpr std::size_t kLengthBytes = 4;
+constexpr std::size_t kLengthBytes = sizeof(std::uint32_t);
 
 Result<transport::detail::SocketAddress> resolve_endpoint(std::string_view endpoint) {
   if (!endpoint.starts_with(kScheme)) {
@@ -40,17 +41,15 @@ Status set_non_blocking(int fd) {
   return Status::ok();
 }
 
-// A frame's 4-byte length, little-endian.
+// A frame's length, little-endian.
 void append_length(std::string& out, std::uint32_t length) {
-  for (std::size_t i = 0; i < kLengthBytes; ++i) out.push_back(static_cast<char>((length >> (8 * i)) & 0xffU));
+  std::byte bytes[kLengthBytes];
+  byte_order::put_le(bytes, length);
+  out.append(reinterpret_cast<const char*>(bytes), kLengthBytes);
 }
 
 std::uint32_t read_length(const char* bytes) {
-  std::uint32_t length = 0;
-  for (std::size_t i = 0; i < kLengthBytes; ++i) {
-    length |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  }
-  return length;
+  return byte_order::get_le<std::uint32_t>(reinterpret_cast<const std::byte*>(bytes));
 }
 
 int poll_timeout_ms(Duration timeout) {
@@ -66,34 +65,25 @@ bool poll_readable(std::vector<pollfd>& fds, Duration timeout) {
 
 }  // namespace
 
-// ---------------------------------------------------------------- FrameStream
+// ---------------------------------------------------------------- OwnedFd
 
-FrameStream::FrameStream(int fd) : fd_(fd) {}
+namespace detail {
 
-FrameStream::FrameStream(FrameStream&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)),
-      broken_(other.broken_),
-      why_closed_(std::move(other.why_closed_)),
-      in_(std::move(other.in_)),
-      out_(std::move(other.out_)),
-      written_(std::exchange(other.written_, 0)) {}
-
-FrameStream& FrameStream::operator=(FrameStream&& other) noexcept {
+OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
-    broken_ = other.broken_;
-    why_closed_ = std::move(other.why_closed_);
-    in_ = std::move(other.in_);
-    out_ = std::move(other.out_);
-    written_ = std::exchange(other.written_, 0);
   }
   return *this;
 }
 
-FrameStream::~FrameStream() {
+OwnedFd::~OwnedFd() {
   if (fd_ >= 0) ::close(fd_);
 }
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- FrameStream
 
 void FrameStream::fail(std::string why) {
   if (broken_) return;
@@ -107,7 +97,7 @@ void FrameStream::read_available(std::vector<std::string>& frames) {
   if (!open()) return;
   char chunk[64 * 1024];
   for (;;) {
-    const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+    const ssize_t n = ::recv(fd(), chunk, sizeof chunk, 0);
     if (n > 0) {
       in_.append(chunk, static_cast<std::size_t>(n));
       if (static_cast<std::size_t>(n) < sizeof chunk) break;  // drained: save the call that says so
@@ -144,7 +134,7 @@ void FrameStream::queue(std::string_view frame) {
 
 void FrameStream::flush() {
   while (open() && has_queued()) {
-    const ssize_t n = ::send(fd_, out_.data() + written_, out_.size() - written_, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd(), out_.data() + written_, out_.size() - written_, MSG_NOSIGNAL);
     if (n > 0) {
       written_ += static_cast<std::size_t>(n);
       continue;
@@ -170,7 +160,7 @@ Status FrameStream::flush_within(Duration timeout) {
       return timeout_error(fmt::format("{} bytes not taken by the peer in {} ms", out_.size() - written_,
                                        std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()));
     }
-    pollfd item{fd_, POLLOUT, 0};
+    pollfd item{fd(), POLLOUT, 0};
     (void)::poll(&item, 1, poll_timeout_ms(left));
   }
 }
@@ -181,16 +171,18 @@ Result<std::unique_ptr<AdmitListener>> AdmitListener::bind(std::string_view endp
   auto address = resolve_endpoint(endpoint);
   if (!address) return address.status();
   std::unique_ptr<AdmitListener> listener(new AdmitListener());  // NOLINT: private constructor
-  listener->listen_fd_ = ::socket(address->get()->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listener->listen_fd_ < 0) return unavailable(fmt::format("admit channel socket: {}", errno_text(errno)));
+  listener->listen_fd_ =
+      detail::OwnedFd(::socket(address->get()->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  const int fd = listener->listen_fd_.get();
+  if (fd < 0) return unavailable(fmt::format("admit channel socket: {}", errno_text(errno)));
   const int on = 1;
-  (void)::setsockopt(listener->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (::bind(listener->listen_fd_, address->get(), address->length) != 0 || ::listen(listener->listen_fd_, 64) != 0) {
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (::bind(fd, address->get(), address->length) != 0 || ::listen(fd, 64) != 0) {
     return unavailable(fmt::format("cannot bind the admit channel {}: {}", endpoint, errno_text(errno)));
   }
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
-  if (::getsockname(listener->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
     return internal_error(fmt::format("getsockname: {}", errno_text(errno)));
   }
   auto text = transport::detail::format_socket_address(reinterpret_cast<const sockaddr*>(&bound));
@@ -199,13 +191,9 @@ Result<std::unique_ptr<AdmitListener>> AdmitListener::bind(std::string_view endp
   return listener;
 }
 
-AdmitListener::~AdmitListener() {
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-}
-
 void AdmitListener::accept_waiting() {
   for (;;) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // none waiting (EAGAIN), or one that reset before it was taken
     const int on = 1;
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
@@ -213,29 +201,31 @@ void AdmitListener::accept_waiting() {
   }
 }
 
+void AdmitListener::fill_poll_fds() {
+  poll_fds_.clear();
+  poll_fds_.push_back(pollfd{listen_fd_.get(), POLLIN, 0});
+  for (const auto& c : connections_) poll_fds_.push_back(pollfd{c.stream.fd(), POLLIN, 0});
+}
+
 std::vector<AdmitBatch> AdmitListener::receive() {
   std::vector<AdmitBatch> batches;
   for (auto& c : connections_) c.stream.flush();  // answers the socket did not take at once
-  std::vector<pollfd> fds;
-  fds.reserve(connections_.size() + 1);
-  fds.push_back(pollfd{listen_fd_, POLLIN, 0});
-  for (const auto& c : connections_) fds.push_back(pollfd{c.stream.fd(), POLLIN, 0});
-  if (::poll(fds.data(), fds.size(), 0) <= 0) return batches;
-  std::vector<std::string> frames;
+  fill_poll_fds();
+  if (::poll(poll_fds_.data(), poll_fds_.size(), 0) <= 0) return batches;
   for (std::size_t k = 0; k < connections_.size(); ++k) {
-    if (fds[k + 1].revents == 0) continue;
+    if (poll_fds_[k + 1].revents == 0) continue;
     Connection& c = connections_[k];
-    frames.clear();
-    c.stream.read_available(frames);
-    if (frames.empty()) continue;
+    frames_.clear();
+    c.stream.read_available(frames_);
+    if (frames_.empty()) continue;
     AdmitBatch batch{c.sender, {}};
-    batch.admits.reserve(frames.size());
-    for (const auto& frame : frames) batch.admits.push_back(decode_admit(frame));
+    batch.admits.reserve(frames_.size());
+    for (const auto& frame : frames_) batch.admits.push_back(decode_admit(frame));
     batches.push_back(std::move(batch));
   }
   // After the reads: a producer's last frames are taken before its closed connection goes.
   std::erase_if(connections_, [](const Connection& c) { return !c.stream.open(); });
-  if (fds[0].revents != 0) accept_waiting();
+  if (poll_fds_[0].revents != 0) accept_waiting();
   return batches;
 }
 
@@ -251,19 +241,16 @@ void AdmitListener::send(std::string_view sender, std::string_view frame) {
 std::vector<WakeSource> AdmitListener::wake_sources() const {
   std::vector<WakeSource> sources;
   sources.reserve(connections_.size() + 1);
-  sources.push_back(WakeSource{nullptr, listen_fd_});
-  for (const auto& c : connections_) {
-    if (c.stream.open()) sources.push_back(WakeSource{nullptr, c.stream.fd()});
-  }
+  sources.push_back(WakeSource{nullptr, listen_fd_.get()});
+  for (const auto& c : connections_) sources.push_back(WakeSource{nullptr, c.stream.fd()});
   return sources;
 }
 
 bool AdmitListener::wait(Duration timeout) {
-  std::vector<pollfd> fds;
-  for (const auto& source : wake_sources()) fds.push_back(pollfd{source.fd, POLLIN, 0});
-  if (!poll_readable(fds, timeout)) return false;
-  if (fds[0].revents != 0) accept_waiting();  // fds[0]: the listening socket
-  return std::any_of(fds.begin() + 1, fds.end(), [](const pollfd& p) { return p.revents != 0; });
+  fill_poll_fds();
+  if (!poll_readable(poll_fds_, timeout)) return false;
+  if (poll_fds_[0].revents != 0) accept_waiting();
+  return std::any_of(poll_fds_.begin() + 1, poll_fds_.end(), [](const pollfd& p) { return p.revents != 0; });
 }
 
 // ---------------------------------------------------------------- AdmitConnection

@@ -15,11 +15,13 @@
 // take wait in the sender's buffer for the next flush, except the producer's last
 // flush, which waits a bounded time (what ZeroMQ's linger did).
 
+#include <poll.h>
+
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ecx/core/clock.h"
@@ -33,20 +35,33 @@ namespace ecx::sim {
 // few hundred bytes each. A longer length means the peer speaks something else.
 inline constexpr std::uint32_t kMaxAdmitFrameBytes = 16U << 20;
 
+namespace detail {
+// A file descriptor, owned: closed when its owner goes, moved, never copied.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  explicit OwnedFd(int fd) : fd_(fd) {}
+  OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  OwnedFd& operator=(OwnedFd&& other) noexcept;
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  ~OwnedFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+}  // namespace detail
+
 // One connected stream socket, owned: frames in and out.
 class FrameStream {
  public:
-  explicit FrameStream(int fd);  // takes `fd` (non-blocking) and closes it
-  FrameStream(FrameStream&& other) noexcept;
-  FrameStream& operator=(FrameStream&& other) noexcept;
-  FrameStream(const FrameStream&) = delete;
-  FrameStream& operator=(const FrameStream&) = delete;
-  ~FrameStream();
+  explicit FrameStream(int fd) : fd_(fd) {}  // takes `fd` (non-blocking) and closes it
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   // Whether the stream still works: false once the peer closed it, a read or write
   // failed, or a frame could not be read.
-  bool open() const { return fd_ >= 0 && !broken_; }
+  bool open() const { return fd_.get() >= 0 && !broken_; }
   // Why it does not (empty while open).
   const std::string& why_closed() const { return why_closed_; }
 
@@ -64,7 +79,7 @@ class FrameStream {
  private:
   void fail(std::string why);
 
-  int fd_ = -1;
+  detail::OwnedFd fd_;
   bool broken_ = false;
   std::string why_closed_;
   std::string in_;   // bytes read, not yet a whole frame
@@ -79,9 +94,6 @@ class AdmitListener {
   // `endpoint`: "tcp://HOST:PORT" (HOST numeric or a name, IPv6 in brackets; port 0:
   // any free one).
   static Result<std::unique_ptr<AdmitListener>> bind(std::string_view endpoint);
-  ~AdmitListener();
-  AdmitListener(const AdmitListener&) = delete;
-  AdmitListener& operator=(const AdmitListener&) = delete;
 
   // Where producers connect: "tcp://HOST:PORT" with the port bound.
   const std::string& endpoint() const { return endpoint_; }
@@ -95,7 +107,8 @@ class AdmitListener {
   // Queues `frame` to the producer `sender` and writes it without waiting; a producer
   // that left is skipped.
   void send(std::string_view sender, std::string_view frame);
-  // What to poll to learn that a producer connected or sent something.
+  // What to poll to learn that a producer connected, sent something or left (a
+  // connection that broke reads at once, and the next receive() drops it).
   std::vector<WakeSource> wake_sources() const;
   // Waits up to `timeout` for one of them, and accepts a producer that connected;
   // true only when a producer's connection has something to read (a producer that
@@ -106,15 +119,20 @@ class AdmitListener {
  private:
   AdmitListener() = default;
   void accept_waiting();
+  // poll_fds_ for the listening socket (first), then every connection in order.
+  void fill_poll_fds();
 
   struct Connection {
     std::string sender;
     FrameStream stream;
   };
-  int listen_fd_ = -1;
+  detail::OwnedFd listen_fd_;
   std::string endpoint_;
   std::uint64_t next_sender_ = 0;
   std::vector<Connection> connections_;
+  // Reused at every call: receive() runs at every step of the consumer's engine.
+  std::vector<pollfd> poll_fds_;
+  std::vector<std::string> frames_;
 };
 
 // A producer's end: one connection to the consumer's listener.
@@ -130,11 +148,11 @@ class AdmitConnection {
   // caller through `open()`.
   void flush() { stream_.flush(); }
   Status flush_within(Duration timeout) { return stream_.flush_within(timeout); }
+  bool has_queued() const { return stream_.has_queued(); }
   // The consumer's answers read so far (never waits).
   std::vector<std::string> receive();
   bool open() const { return stream_.open(); }
   const std::string& why_closed() const { return stream_.why_closed(); }
-  int fd() const { return stream_.fd(); }
   // Waits up to `timeout` for an answer; true when one is readable. Once the
   // connection is closed, waits the whole `timeout` and answers false.
   bool wait(Duration timeout) const;

@@ -1132,14 +1132,14 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
       if (o.max_unresolved > 0) unresolved.insert(batch[b]->request_id);
       ++result.requests;
     }
-    {
+    if (admit.has_queued()) {  // a step that queued nothing has no write to time
       auto writing = sim_cpu.start();
       admit.flush();
       writing.stop(result.sim_ns);
-      if (!admit.open() && !admit_lost_logged) {
-        log->warn("the admit channel to the consumer is closed: {}", admit.why_closed());
-        admit_lost_logged = true;
-      }
+    }
+    if (!admit.open() && !admit_lost_logged) {
+      log->warn("the admit channel to the consumer is closed: {}", admit.why_closed());
+      admit_lost_logged = true;
     }
     if (auto m = worker.build_worker_meta()) scheduler.update_connector_output(m->to_output());
     if (next >= workload.size() && deferred.empty() && !worker.push_engine()->pending() &&
