@@ -3,6 +3,9 @@
 // what the bench commands print and write alike: size and duration parsing, the
 // table, the JSON list of series and the gnuplot picture (tools/bench_support.cc).
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -78,5 +81,18 @@ struct PlotSpec {
 };
 // Draws the lines with gnuplot (pngcairo). The Debian package is gnuplot-nox.
 Status write_plot(const PlotSpec& spec);
+
+// Holding for a go. `ecx bench e2e` starts the raw plane's processes and ECX's, lets
+// each set up and warm up, and then measures one the moment the other has finished:
+// this host's copy speed changes from one few seconds to the next, and measurements
+// that start seconds apart meet different hosts. The go is this signal.
+inline constexpr int kGoSignal = SIGUSR1;
+// Blocks the go in this thread and every thread it starts later, so that only
+// hold_for_go() takes it: call it before the process starts any thread (a go that
+// reached an unblocked thread would end the process).
+void block_go_signal();
+// Prints `line` on stdout (the parent waits for it), then waits for the go: at most
+// `limit`, less when `stop` turns true. A timeout or a stop is an error naming it.
+Status hold_for_go(std::string_view line, std::chrono::milliseconds limit, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace ecx::cli

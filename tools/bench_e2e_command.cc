@@ -63,6 +63,12 @@ struct E2eOptions {
   int rounds = 1;  // role all: the whole run (ECX, then the raw plane) this many times
   std::string json_file;
   std::string extra;  // a JSON object merged into ec_connector_extra_config (both roles)
+  // Hidden (role producer): before each phase's first request, hold for the go
+  // (bench_command.h); role all passes it when it measures the raw plane.
+  bool hold = false;
+  // Role all, with the raw plane: how long every process of a phase sits set up and
+  // idle before the first of its two measurements.
+  double settle_s = 3;
 };
 
 std::atomic<bool> g_stop{false};
@@ -74,6 +80,15 @@ struct Phase {
   int window = 1;
   std::uint64_t items = 0;
 };
+
+// A role's hold (--hold) before phase `phase`'s `stage`: "setup" (before anything of
+// the phase starts) or "start" (the producer, set up, before its first request). The
+// other side may measure meanwhile, so the limit is two phases' worth.
+Status hold_role(const E2eOptions& o, const char* stage, const Phase& phase) {
+  const json line{{"event", "holding"}, {"stage", stage}, {"phase", phase.name}, {"size_bytes", phase.size}};
+  return hold_for_go(line.dump(),
+                     std::chrono::milliseconds(static_cast<std::int64_t>(o.phase_timeout_s * 2000) + 60'000), &g_stop);
+}
 
 std::uint64_t auto_count(std::uint64_t size) { return std::clamp<std::uint64_t>((2ULL << 30) / size, 100, 3000); }
 std::uint64_t auto_latency_count(std::uint64_t size) {
@@ -350,6 +365,7 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
   auto consumer = sim::ConsumerSim::start(std::move(options));
   if (!consumer) return consumer.status();
   std::cout << json{{"event", "listening"}, {"admit", (*consumer)->admit_endpoint()}}.dump() << std::endl;
+  const auto run_started = std::chrono::steady_clock::now();  // what the result's ready_at_s count from (within us)
   const auto r = (*consumer)->run(&g_stop);
   // The throughput window: from the arrival of the first request after the warm-up to
   // the last ready. Counting from a ready instead would let a consumer that falls
@@ -393,6 +409,10 @@ Result<json> consume_phase(const E2eOptions& o, const Phase& phase, const std::s
            {"content_mismatches", r.content_mismatches},
            {"invariant_error", r.invariant_error},
            {"stages", stage_report(stages_before, kConsumerStages)}};
+  // The measured window on the host's monotonic clock, as the raw plane's row gives its own.
+  const double run_started_s = std::chrono::duration<double>(run_started.time_since_epoch()).count();
+  out["measured_from_s"] = run_started_s + window_start;
+  out["measured_to_s"] = run_started_s + window_end;
   if (!encoded_us.empty()) {
     out["encoded_p50_us"] = sim::percentile(encoded_us, 50);
     out["encoded_p99_us"] = sim::percentile(encoded_us, 99);
@@ -447,6 +467,12 @@ int run_consumer_role(const E2eOptions& o) {
   const bool same_host = address->first.starts_with("127.") || address->first == "::1" || address->first == "[::1]" ||
                          address->first == "localhost";
   for (std::size_t k = 0; k < phases->size() && !g_stop.load(); ++k) {
+    if (o.hold) {
+      if (auto st = hold_role(o, "setup", (*phases)[k]); !st) {
+        std::cerr << "ecx bench e2e consumer: " << st.message() << "\n";
+        return 1;
+      }
+    }
     auto result = consume_phase(o, (*phases)[k], address->first, phase_port(address->second, o.tp, k), same_host);
     if (!result) {
       std::cerr << "ecx bench e2e consumer: " << result.status().message() << "\n";
@@ -504,6 +530,12 @@ int run_producer_role(const E2eOptions& o) {
       return 2;
     }
     const std::string control = tcp_address(address->first, port + 1);
+    if (o.hold) {
+      if (auto st = hold_role(o, "setup", phase); !st) {
+        std::cerr << "ecx bench e2e producer: " << st.message() << "\n";
+        return 1;
+      }
+    }
     if (auto st = wait_for_consumer(control, std::chrono::seconds(static_cast<int>(o.phase_timeout_s))); !st) {
       std::cerr << "ecx bench e2e producer: " << st.message() << "\n";
       return 1;
@@ -526,6 +558,7 @@ int run_producer_role(const E2eOptions& o) {
     options.workload.repeat_fraction = 0;
     options.workload.fixed_bytes = phase.size;
     options.workload.id_prefix = fmt::format("e2e{}-{}", k, ::getpid());
+    if (o.hold) options.before_first_request = [&o, &phase] { return hold_role(o, "start", phase); };
     auto r = sim::run_producer(options, &g_stop);
     if (!r) {
       std::cerr << "ecx bench e2e producer: " << r.status().message() << "\n";
@@ -557,66 +590,103 @@ int run_producer_role(const E2eOptions& o) {
 // between two of the engine's lone items (the hand-back to the next request).
 constexpr std::uint32_t kLoneGapUs = 1000;
 
-// `ecx bench transport` for one size and window, ECX series only.
-Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
-  const auto file = std::filesystem::temp_directory_path() /
-                    fmt::format("ecx-e2e-transport-{}-{}-{}.json", ::getpid(), phase.size, phase.window);
-  const std::uint64_t count = std::max<std::uint64_t>(phase.items, 20);
-  const int window = std::min(phase.window, 64);
-  // Each item lands in a slot of the consumer's pool not touched since, and is sent
-  // from a fresh staging slot: the raw data plane moves its bytes the same way (a ring
-  // as large as the pool), not from and into one cache-warm window of slots.
-  auto pool = parse_byte_size(o.pool_size);
-  if (!pool) return pool.status();
-  const std::uint64_t spread = std::max<std::uint64_t>(*pool, phase.size * static_cast<std::uint64_t>(window) * 4);
-  // A lone item starts on an idle plane: the engine's next request comes only after the
-  // previous item was ready, so both progress threads have gone to sleep and the
-  // sockets are quiet. Back to back, the raw plane's receiver would still be polling
-  // from the message before (measured: a lone 9 MiB message's delivery p50 2.67 ms
-  // back to back, 2.84-2.98 ms 1 ms apart).
-  const std::uint32_t gap_us = window == 1 ? kLoneGapUs : 0;
-  auto child = sim::ChildProcess::spawn({sim::self_executable(),
-                                         "bench",
-                                         "transport",
-                                         "--transport",
-                                         std::string(data_link_name(o.transport)),
-                                         "--size",
-                                         std::to_string(phase.size),
-                                         "--window",
-                                         std::to_string(window),
-                                         "--count",
-                                         std::to_string(count),
-                                         "--repeat",
-                                         "1",
-                                         "--no-perftest",
-                                         "--spread",
-                                         std::to_string(spread),
-                                         "--gap",
-                                         std::to_string(gap_us),
-                                         "--json",
-                                         file.string()});
-  if (!child) return child.status();
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(static_cast<int>(o.phase_timeout_s));
-  while (!child->eof() && std::chrono::steady_clock::now() < give_up) {
-    (void)child->read_line(std::chrono::milliseconds(200));
+// The raw plane's run of one phase: `ecx bench transport`, ECX series only. It sets up
+// and warms up, says "holding", and sends its measured messages on the go
+// (bench_command.h).
+class RawRun {
+ public:
+  static Result<RawRun> start(const E2eOptions& o, const Phase& phase) {
+    RawRun run;
+    run.file_ = std::filesystem::temp_directory_path() /
+                fmt::format("ecx-e2e-transport-{}-{}-{}.json", ::getpid(), phase.size, phase.window);
+    const std::uint64_t count = std::max<std::uint64_t>(phase.items, 20);
+    run.size_ = phase.size;
+    run.phase_ = phase.name;
+    run.window_ = std::min(phase.window, 64);
+    // Each item lands in a slot of the consumer's pool not touched since, and is sent
+    // from a fresh staging slot: the raw data plane moves its bytes the same way (a ring
+    // as large as the pool), not from and into one cache-warm window of slots.
+    auto pool = parse_byte_size(o.pool_size);
+    if (!pool) return pool.status();
+    run.spread_ = std::max<std::uint64_t>(*pool, phase.size * static_cast<std::uint64_t>(run.window_) * 4);
+    // A lone item starts on an idle plane: the engine's next request comes only after the
+    // previous item was ready, so both progress threads have gone to sleep and the
+    // sockets are quiet. Back to back, the raw plane's receiver would still be polling
+    // from the message before (measured: a lone 9 MiB message's delivery p50 2.67 ms
+    // back to back, 2.84-2.98 ms 1 ms apart).
+    run.gap_us_ = run.window_ == 1 ? kLoneGapUs : 0;
+    auto child = sim::ChildProcess::spawn({sim::self_executable(),
+                                           "bench",
+                                           "transport",
+                                           "--transport",
+                                           std::string(data_link_name(o.transport)),
+                                           "--size",
+                                           std::to_string(phase.size),
+                                           "--window",
+                                           std::to_string(run.window_),
+                                           "--count",
+                                           std::to_string(count),
+                                           "--repeat",
+                                           "1",
+                                           "--no-perftest",
+                                           "--spread",
+                                           std::to_string(run.spread_),
+                                           "--gap",
+                                           std::to_string(run.gap_us_),
+                                           "--hold",
+                                           "--json",
+                                           run.file_.string()});
+    if (!child) return child.status();
+    run.child_.emplace(std::move(*child));
+    return run;
   }
-  const auto exit = child->wait(std::chrono::seconds(10));
-  std::ifstream in(file);
-  json list = json::parse(in, nullptr, false);
-  std::error_code error;
-  std::filesystem::remove(file, error);
-  if (exit.value_or(-1) != 0 || !list.is_array()) {
-    return unavailable(fmt::format("ecx bench transport failed (exit {})", exit.value_or(-1)));
+  RawRun(RawRun&&) noexcept = default;
+  RawRun& operator=(RawRun&&) noexcept = default;
+  RawRun(const RawRun&) = delete;
+  RawRun& operator=(const RawRun&) = delete;
+  ~RawRun() {
+    std::error_code error;
+    if (!file_.empty()) std::filesystem::remove(file_, error);
   }
-  for (const auto& s : list) {
-    if (s.value("series", "") != "ecx") continue;
+
+  // Reads what it printed, waiting at most `timeout`: whether it is holding.
+  bool holding(std::chrono::milliseconds timeout) {
+    if (auto line = child_->read_line(timeout); line && *line == "holding") holding_ = true;
+    return holding_;
+  }
+  // It ended (output closed) before saying it holds: finish() says why.
+  bool gone() const { return child_->eof(); }
+  void go() const { child_->signal(kGoSignal); }
+
+  // Waits for it to end (at most `limit`) and reads its series.
+  Result<json> finish(std::chrono::milliseconds limit) {
+    const auto give_up = std::chrono::steady_clock::now() + limit;
+    while (!child_->eof() && std::chrono::steady_clock::now() < give_up) {
+      (void)child_->read_line(std::chrono::milliseconds(200));
+    }
+    const auto exit = child_->wait(std::chrono::seconds(10));
+    std::ifstream in(file_);
+    json list = json::parse(in, nullptr, false);
+    if (exit.value_or(-1) != 0 || !list.is_array()) {
+      return unavailable(fmt::format("ecx bench transport failed (exit {})", exit.value_or(-1)));
+    }
+    for (const auto& s : list) {
+      if (s.value("series", "") == "ecx") return row(s);
+    }
+    return unavailable("ecx bench transport printed no ecx series");
+  }
+
+ private:
+  RawRun() = default;
+
+  json row(const json& s) const {
     json out{{"series", "transport_raw"},
-             {"phase", phase.name},
-             {"size_bytes", phase.size},
-             {"window", window},
-             {"spread_bytes", spread},
-             {"gap_us", gap_us},
-             {"per_s", s.value("gbps", 0.0) * 1e9 / static_cast<double>(phase.size)},
+             {"phase", phase_},
+             {"size_bytes", size_},
+             {"window", window_},
+             {"spread_bytes", spread_},
+             {"gap_us", gap_us_},
+             {"per_s", s.value("gbps", 0.0) * 1e9 / static_cast<double>(size_)},
              {"gbps", s.value("gbps", 0.0)}};
     // The raw latency is the delivery (send -> landed, stamped by the receiver): an
     // eager send completes at the sender before its bytes arrive, so its completion
@@ -630,17 +700,73 @@ Result<json> transport_baseline(const E2eOptions& o, const Phase& phase) {
     }
     if (s.contains("p50_us")) out["completion_p50_us"] = s["p50_us"];
     if (s.contains("p99_us")) out["completion_p99_us"] = s["p99_us"];
+    for (const char* key : {"measured_from_s", "measured_to_s"}) {
+      if (s.contains(key)) out[key] = s[key];
+    }
     return out;
   }
-  return unavailable("ecx bench transport printed no ecx series");
-}
+
+  std::optional<sim::ChildProcess> child_;
+  std::filesystem::path file_;
+  std::string phase_;
+  std::uint64_t size_ = 0;
+  int window_ = 1;
+  std::uint64_t spread_ = 0;
+  std::uint32_t gap_us_ = 0;
+  bool holding_ = false;
+};
+
+// What the two role processes printed so far: the consumer's phase results, the
+// producer's reports, and how far each has come in holding for the go.
+struct RoleLines {
+  std::vector<json> results;        // the consumer's row of each phase, in order
+  std::vector<json> produced;       // the producer's report of each phase, in order
+  std::size_t consumer_setups = 0;  // phases whose set-up the consumer holds for (or held for)
+  std::size_t producer_setups = 0;
+  std::size_t producer_starts = 0;  // phases whose first request the producer holds for (or held for)
+
+  // Reads the consumer's next line (waiting at most `wait`; the producer's, once the
+  // consumer's output has closed) and whatever else the producer printed.
+  void pump(sim::ChildProcess& consumer, sim::ChildProcess& producer, std::chrono::milliseconds wait) {
+    if (!consumer.eof()) {
+      if (auto line = consumer.read_line(wait)) take(*line, true);
+    } else if (auto line = producer.read_line(wait)) {
+      take(*line, false);
+    }
+    while (auto line = producer.read_line(std::chrono::milliseconds(0))) take(*line, false);
+  }
+
+ private:
+  void take(const std::string& line, bool from_consumer) {
+    auto doc = json::parse(line, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object()) return;
+    const std::string event = doc.value("event", "");
+    if (event == "holding") {
+      const bool setup = doc.value("stage", "") == "setup";
+      ++(from_consumer ? consumer_setups : setup ? producer_setups : producer_starts);
+    } else if (from_consumer && event == "phase") {
+      std::cerr << fmt::format("  {} {}: {:.0f} transfers/s, time to ready p50 {:.0f} us\n",
+                               byte_size_label(doc.value("size_bytes", std::uint64_t{0})),
+                               doc.value("phase", std::string()), doc.value("per_s", 0.0), doc.value("p50_us", 0.0));
+      results.push_back(std::move(doc));
+    } else if (!from_consumer && event == "produced") {
+      produced.push_back(std::move(doc));
+    }
+  }
+};
 
 // One round: both role processes through every phase and the raw plane's baseline of
-// each phase, the raw plane first when `raw_first` (rounds alternate): on a shared VM
-// the first and the second runner do not meet the same machine (memory the host has
-// not backed yet, what the processes before left to free), and one order always would
-// hand one side the same seat. Prints the round's table; returns its series (ECX rows
-// and raw rows).
+// each phase, the raw plane first when `raw_first` (rounds alternate).
+//
+// Phase by phase, the two sides are measured back to back: this host's copy speed
+// changes from one few seconds to the next (the raw plane alone read 1.8-5.2 GB/s at
+// 9 MiB within a minute), and two measurements that began seconds apart (a process's
+// set-up and prefault take seconds) met different hosts: one round's ratio read
+// 0.3 where the other side met the fast host and 2.5 where it met the slow one. So
+// every process sets up and warms up first, holds, and is measured on the go, the
+// second side the moment the first has ended and torn down. Nothing else runs while
+// either is measured: ECX's processes hold before setting up their next phase, and a
+// raw plane that measures after ECX's last phase waits for ECX's processes to end.
 struct Round {
   std::vector<json> phases;  // the ECX rows, in phase order
   std::vector<json> raws;    // the raw plane's row of each phase (null: not measured)
@@ -649,18 +775,6 @@ struct Round {
 
 Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, bool raw_first) {
   Round round;
-  auto measure_raws = [&] {
-    for (const Phase& phase : phases) {
-      if (!o.baseline) {
-        round.raws.emplace_back();
-        continue;
-      }
-      auto measured = transport_baseline(o, phase);
-      if (!measured) std::cerr << "ecx bench e2e: baseline: " << measured.status().message() << "\n";
-      round.raws.push_back(measured ? std::move(*measured) : json());
-    }
-  };
-  if (raw_first) measure_raws();
   const int port = sim::free_port_block(static_cast<int>(phases.size()) * (o.tp + 1));
   if (port == 0) return unavailable("no free block of ports on 127.0.0.1");
   auto role_args = [&](const std::string& role, const std::string& flag) {
@@ -687,6 +801,8 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
     if (o.count) argv.insert(argv.end(), {"--count", std::to_string(o.count)});
     if (o.latency_count) argv.insert(argv.end(), {"--latency-count", std::to_string(o.latency_count)});
     if (!o.extra.empty()) argv.insert(argv.end(), {"--extra", o.extra});
+    // Without the raw plane there is nothing to pair: the roles run straight through.
+    if (o.baseline) argv.emplace_back("--hold");
     return argv;
   };
   const std::vector<std::string> env = {"UCX_TLS=" + std::string(ucx_tls(o.transport))};
@@ -694,40 +810,92 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
   if (!consumer) return consumer.status();
   auto producer = sim::ChildProcess::spawn(role_args("producer", "--connect"), env);
   if (!producer) return producer.status();
-  std::vector<json> results;
-  std::vector<json> produced;  // the producer's report of each phase, in order
+  RoleLines lines;
+  const auto phase_limit = seconds_to_duration(o.phase_timeout_s);
   const auto deadline = std::chrono::steady_clock::now() +
-                        seconds_to_duration(o.phase_timeout_s * static_cast<double>(phases.size()) + 60);
-  while (results.size() < phases.size() && std::chrono::steady_clock::now() < deadline && !consumer->eof()) {
-    if (g_stop.load()) {
-      consumer->signal(SIGINT);
-      producer->signal(SIGINT);
+                        seconds_to_duration(o.phase_timeout_s * 2 * static_cast<double>(phases.size()) + 60);
+  // Pumps the roles' lines until `done` holds; false when a role ended first or the
+  // round ran out of time.
+  auto wait_until = [&](auto&& done) {
+    while (!done()) {
+      if ((consumer->eof() && producer->eof()) || std::chrono::steady_clock::now() >= deadline) return false;
+      if (g_stop.load()) {
+        consumer->signal(SIGINT);
+        producer->signal(SIGINT);
+      }
+      lines.pump(*consumer, *producer, std::chrono::milliseconds(20));
     }
-    if (auto line = consumer->read_line(std::chrono::milliseconds(100))) {
-      auto doc = json::parse(*line, nullptr, false);
-      if (!doc.is_discarded() && doc.value("event", "") == "phase") {
-        std::cerr << fmt::format("  {} {}: {:.0f} transfers/s, time to ready p50 {:.0f} us\n",
-                                 byte_size_label(doc.value("size_bytes", std::uint64_t{0})),
-                                 doc.value("phase", std::string()), doc.value("per_s", 0.0), doc.value("p50_us", 0.0));
-        results.push_back(std::move(doc));
+    return true;
+  };
+  auto fail = [&](std::string_view what) {
+    return internal_error(fmt::format(
+        "{} ({} of {} phases finished; consumer exit {}, producer exit {})", what, lines.results.size(), phases.size(),
+        consumer->wait(std::chrono::seconds(10)).value_or(-1), producer->wait(std::chrono::seconds(10)).value_or(-1)));
+  };
+  for (std::size_t k = 0; k < phases.size() && !g_stop.load(); ++k) {
+    std::optional<RawRun> raw;
+    if (o.baseline) {
+      // Both roles hold before setting phase k up; the raw plane sets up beside them.
+      if (!wait_until([&] { return lines.consumer_setups > k && lines.producer_setups > k; })) {
+        return fail("the roles did not reach the set-up of a phase");
+      }
+      if (auto started = RawRun::start(o, phases[k])) {
+        raw.emplace(std::move(*started));
+      } else {
+        std::cerr << "ecx bench e2e: baseline: " << started.status().message() << "\n";
+      }
+      consumer->signal(kGoSignal);
+      producer->signal(kGoSignal);
+      // Both set up and warmed up: ECX's producer holds before its first request.
+      if (!wait_until([&] {
+            if (raw && !raw->holding(std::chrono::milliseconds(0)) && !raw->gone()) return false;
+            return lines.producer_starts > k;
+          })) {
+        return fail("ECX did not reach its phase's first request");
       }
     }
-    while (auto line = producer->read_line(std::chrono::milliseconds(0))) {
-      auto doc = json::parse(*line, nullptr, false);
-      if (!doc.is_discarded() && doc.value("event", "") == "produced") produced.push_back(std::move(doc));
+    auto measure_ecx = [&] {
+      if (o.baseline) producer->signal(kGoSignal);
+      return wait_until([&] { return lines.results.size() > k && lines.produced.size() > k; });
+    };
+    auto measure_raw = [&] {
+      if (!raw) {
+        round.raws.emplace_back();
+        return;
+      }
+      raw->go();
+      auto measured = raw->finish(std::chrono::duration_cast<std::chrono::milliseconds>(phase_limit));
+      if (!measured) std::cerr << "ecx bench e2e: baseline: " << measured.status().message() << "\n";
+      round.raws.push_back(measured ? std::move(*measured) : json());
+    };
+    // Everything of the phase is set up and idle; let the host settle first (--settle).
+    if (o.baseline && o.settle_s > 0) std::this_thread::sleep_for(seconds_to_duration(o.settle_s));
+    if (raw_first) measure_raw();
+    if (!measure_ecx()) return fail("a phase did not finish");
+    if (!raw_first) {
+      // Before the raw plane measures, ECX's processes are quiet: holding before the
+      // next phase's set-up, or ended.
+      const bool last = k + 1 == phases.size();
+      if (raw && last) {
+        (void)wait_until([&] { return !consumer->running() && !producer->running(); });
+      } else if (raw && !wait_until([&] { return lines.consumer_setups > k + 1 && lines.producer_setups > k + 1; })) {
+        return fail("the roles did not reach the set-up of the next phase");
+      }
+      measure_raw();
     }
   }
+  // What the producer printed last.
   while (auto line = producer->read_line(std::chrono::milliseconds(200))) {
-    auto doc = json::parse(*line, nullptr, false);
-    if (!doc.is_discarded() && doc.value("event", "") == "produced") produced.push_back(std::move(doc));
+    (void)line;
   }
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
   const auto producer_exit = producer->wait(std::chrono::seconds(30));
+  std::vector<json>& results = lines.results;
+  const std::vector<json>& produced = lines.produced;
   if (results.size() != phases.size()) {
     return internal_error(fmt::format("{} of {} phases finished (consumer exit {}, producer exit {})", results.size(),
                                       phases.size(), consumer_exit.value_or(-1), producer_exit.value_or(-1)));
   }
-  if (!raw_first) measure_raws();
   round.ok = consumer_exit.value_or(-1) == 0 && producer_exit.value_or(-1) == 0;
   results_table().print_header(std::cout);
   for (std::size_t k = 0; k < phases.size(); ++k) {
@@ -935,12 +1103,20 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
                   "rounds (medians, each ratio's range): on a shared machine one round's ratio moves with the load")
       ->capture_default_str()
       ->check(CLI::Range(1, 20));
+  cmd->add_option("--settle", o->settle_s,
+                  "role all, with the raw plane: seconds every process of a phase sits set up and idle before the "
+                  "first of the phase's two measurements (ECX's, the raw plane's); the set-ups touch gigabytes of new "
+                  "memory, and on a VM the side measured right after them can meet a slower host")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 600.0));
   cmd->add_option("--json", o->json_file, "write the series as a JSON list to FILE");
   cmd->add_option("--extra", o->extra,
                   "JSON object merged into both roles' ec_connector_extra_config, e.g. '{\"ucx_rndv_thresh\": 262144}' "
                   "(the transport_raw baseline keeps its defaults)");
+  cmd->add_flag("--hold", o->hold, "producer: hold for SIGUSR1 before each phase (internal)")->group("");
   cmd->callback([&run, o] {
     run = [o] {
+      if (o->hold) block_go_signal();  // before any thread starts
       std::signal(SIGINT, on_signal);
       std::signal(SIGTERM, on_signal);
       log::set_level(spdlog::level::warn);

@@ -1,5 +1,6 @@
 // What the `ecx bench` commands (and `ecx demo`'s soak picture) share: parsing,
 // the text table, the JSON series list and the gnuplot picture.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <ostream>
 #include <string_view>
 
@@ -185,6 +187,31 @@ Status write_plot(const PlotSpec& spec) {
   std::filesystem::remove_all(dir, error);
   if (rc != 0) return unavailable("gnuplot failed or had nothing to draw (install gnuplot-nox)");
   return Status::ok();
+}
+
+void block_go_signal() {
+  sigset_t go;
+  sigemptyset(&go);
+  sigaddset(&go, kGoSignal);
+  pthread_sigmask(SIG_BLOCK, &go, nullptr);
+}
+
+Status hold_for_go(std::string_view line, std::chrono::milliseconds limit, const std::atomic<bool>* stop) {
+  std::cout << line << std::endl;
+  sigset_t go;
+  sigemptyset(&go);
+  sigaddset(&go, kGoSignal);
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  const pid_t parent = ::getppid();
+  // Short waits, so that a stop (SIGINT's handler sets it) or a parent that died (this
+  // process was handed to another) is seen within one.
+  const timespec tick{0, 100'000'000};
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (stop != nullptr && stop->load()) return cancelled("stopped while holding for the go");
+    if (::getppid() != parent) return cancelled("the parent process ended while this one held for the go");
+    if (sigtimedwait(&go, nullptr, &tick) == kGoSignal) return Status::ok();
+  }
+  return timeout_error(fmt::format("no go (signal {}) within {} ms of '{}'", kGoSignal, limit.count(), line));
 }
 
 }  // namespace ecx::cli

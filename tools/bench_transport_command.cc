@@ -76,6 +76,9 @@ struct BenchOptions {
   // an idle plane (both progress threads asleep, as before an engine's lone item)
   // instead of behind its predecessor. 0: back to back.
   std::uint32_t gap_us = 0;
+  // Hidden (ecx bench e2e): after the UCX series' warm-up, hold for the go
+  // (bench_command.h) before the measured messages.
+  bool hold = false;
   // Hidden: the consumer half, started by the producer as a child process.
   bool consumer = false;
   std::uint64_t consumer_slot_bytes = 0;
@@ -247,6 +250,10 @@ struct Series {
   std::optional<double> sleeps_per_message;
   std::optional<double> receiver_progress_sleeps_per_message;
   std::optional<double> sender_progress_sleeps_per_message;
+  // When the measured messages were sent, first to last completed: seconds of the
+  // host's monotonic clock, which every process of the host shares (ecx bench e2e
+  // places them against ECX's phase). With --repeat, the last run's.
+  std::optional<double> measured_from_s, measured_to_s;
   std::uint64_t count = 0;
 };
 
@@ -442,6 +449,11 @@ class WindowedOps {
   Status first_error_;
 };
 
+// How long --hold waits for the go: ecx bench e2e gives it once ECX's processes have
+// set up (seconds) or measured their phase (at most its --phase-timeout, 300 s by
+// default), and kills this process if it gives up sooner.
+constexpr std::chrono::milliseconds kHoldLimit = std::chrono::minutes(30);
+
 Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uint64_t count) {
   Child consumer({self_executable(), "bench", "transport", "--consumer", "--transport",
                   std::string(data_link_name(ucx_link(options))), "--mode", options.mode, "--window",
@@ -494,10 +506,12 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
 
   const std::uint64_t warmup = std::max<std::uint64_t>(window * 2, count / 10);
   ECX_RETURN_IF_ERROR(run_batch(warmup, false));
+  if (options.hold) ECX_RETURN_IF_ERROR(hold_for_go("holding", kHoldLimit));
   const auto cpu_from = sim::ThreadCpu::now();
   const auto begin = Clock::now();
   ECX_RETURN_IF_ERROR(run_batch(count, true));
-  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  const auto end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - begin).count();
   const auto cpu_to = sim::ThreadCpu::now();
   const std::uint64_t sender_cpu_ns = sum_over_threads(cpu_to.used_since(cpu_from));
   const auto sender_sleeps = cpu_to.sleeps_since(cpu_from);
@@ -525,6 +539,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   series.size = size;
   series.count = count;
   series.gbps = static_cast<double>(size * count) / seconds / 1e9;
+  series.measured_from_s = std::chrono::duration<double>(begin.time_since_epoch()).count();
+  series.measured_to_s = std::chrono::duration<double>(end.time_since_epoch()).count();
   series.p50_us = percentile(ops.latencies_us(), 50);
   series.p99_us = percentile(ops.latencies_us(), 99);
   series.delivery_p50_us = delivery_p50;
@@ -757,6 +773,8 @@ nlohmann::json to_json(const Series& s) {
   if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
   if (s.ratio_vs_perftest_same_mode) j["ratio_vs_ucx_perftest_same_mode"] = *s.ratio_vs_perftest_same_mode;
   if (s.cpu_us_per_message) j["cpu_us_per_message"] = *s.cpu_us_per_message;
+  if (s.measured_from_s) j["measured_from_s"] = *s.measured_from_s;
+  if (s.measured_to_s) j["measured_to_s"] = *s.measured_to_s;
   if (s.sleeps_per_message) j["sleeps_per_message"] = *s.sleeps_per_message;
   if (s.receiver_progress_sleeps_per_message) {
     j["receiver_progress_sleeps_per_message"] = *s.receiver_progress_sleeps_per_message;
@@ -787,6 +805,7 @@ Status plot_series(const std::string& png, const std::vector<Series>& all) {
 }
 
 int run_bench(BenchOptions options) {
+  if (options.hold) block_go_signal();  // before the transport starts its threads
   log::set_level(spdlog::level::warn);
   if (options.consumer) return run_consumer(options);
   const bool mooncake = !uses_ucx(options.transport);
@@ -1023,10 +1042,14 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
                   "plane (with --window 1: one message at a time, as an engine's lone item); 0: back to back")
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
+  auto* hold = cmd->add_flag("--hold", options->hold,
+                             "print 'holding' after the UCX series' warm-up and send the measured messages only on "
+                             "SIGUSR1 (internal: ecx bench e2e)");
   auto* consumer = cmd->add_flag("--consumer", options->consumer, "run the consumer half (internal)");
   auto* slot = cmd->add_option("--slot-bytes", options->consumer_slot_bytes, "consumer slot size (internal)");
   auto* consumer_spread = cmd->add_option("--consumer-spread", options->spread, "ring size in bytes (internal)");
   consumer->group("");
+  hold->group("");
   slot->group("");
   consumer_spread->group("");
   cmd->callback([&run, options] { run = [options] { return run_bench(*options); }; });

@@ -948,6 +948,7 @@ Result<ProducerResult> run_producer(const ProducerSimOptions& o, const std::atom
   std::shared_ptr<LentOutputs> lent_outputs;
   if (o.config.zero_copy_saves) lent_outputs = std::make_shared<LentOutputs>(o.config.buffer_size, o.config.prefault);
   name_this_thread(kEngineThreadName);  // the CPU table finds the engine threads by name
+  if (o.before_first_request) ECX_RETURN_IF_ERROR(o.before_first_request());
   CpuWindow cpu_window(o.warm_up_requests, o.on_warmed_up);
   const auto started = o.clock->now();
   const auto deadline = started + o.deadline;

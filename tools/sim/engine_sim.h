@@ -227,6 +227,10 @@ struct ProducerSimOptions {
   // to the consumer (see ConsumerSimOptions::warm_up_requests).
   std::uint64_t warm_up_requests = 0;
   std::function<void()> on_warmed_up;  // as ConsumerSimOptions'
+  // Called once the producer has set up (ECX's engine, the encoder's memory, the admit
+  // connection), before its first request; an error ends the run with it. `ecx bench
+  // e2e` holds there for its go. The deadline counts from its return.
+  std::function<Status()> before_first_request;
   Duration deadline = std::chrono::minutes(10);
   std::shared_ptr<const Clock> clock = SteadyClock::shared();
 };

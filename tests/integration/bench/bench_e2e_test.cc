@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -132,10 +133,11 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
 }
 
 // --rounds alternates which runs first, ECX or the raw plane (on a shared machine the
-// first and the second runner meet different conditions); every round measures both.
+// first and the second runner meet different conditions); every round measures both,
+// phase by phase, one side after the other: never at once, and in the round's order.
 TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
   const BenchRun run = run_bench("rounds-test", {"--sizes", "64KiB", "--count", "200", "--latency-count", "5",
-                                                 "--pool-size", "64MiB", "--rounds", "2"});
+                                                 "--pool-size", "64MiB", "--rounds", "2", "--settle", "0"});
   const std::string& output = run.output;
   const json& series = run.series;
   ASSERT_EQ(run.exit, 0) << output;
@@ -152,6 +154,28 @@ TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
       int rows = 0;
       for (const auto& row : series) rows += row.value("round", 0) == round && row.value("series", "") == name;
       EXPECT_EQ(rows, 2) << name << " in round " << round;
+    }
+  }
+  // Each phase's two measured windows (the host's monotonic clock, shared by its
+  // processes): the first side's ends before the second side's begins.
+  for (int round = 1; round <= 2; ++round) {
+    for (const char* phase : {"throughput", "latency"}) {
+      SCOPED_TRACE(fmt::format("round {}, {}", round, phase));
+      const json* ecx = nullptr;
+      const json* raw = nullptr;
+      for (const auto& row : series) {
+        if (row.value("round", 0) != round || row.value("phase", "") != phase) continue;
+        (row.value("series", "") == "ecx_e2e" ? ecx : raw) = &row;
+      }
+      ASSERT_TRUE(ecx != nullptr && raw != nullptr);
+      for (const json* row : {ecx, raw}) {
+        ASSERT_TRUE(row->contains("measured_from_s") && row->contains("measured_to_s")) << row->dump();
+        EXPECT_LT(row->value("measured_from_s", 0.0), row->value("measured_to_s", 0.0)) << row->dump();
+      }
+      const json& first = round == 2 ? *raw : *ecx;
+      const json& second = round == 2 ? *ecx : *raw;
+      EXPECT_LE(first.value("measured_to_s", 0.0), second.value("measured_from_s", 0.0)) << first.dump() << "\n"
+                                                                                         << second.dump();
     }
   }
   EXPECT_NE(output.find("round 1 of 2 (ECX first)"), std::string::npos) << output;

@@ -3,8 +3,11 @@
 // small for the window (the message names the option and what it must hold).
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +31,9 @@ struct BenchRun {
   json series;
 };
 
-BenchRun bench_transport(const std::string& tag, const std::vector<std::string>& extra) {
+// `on_line` sees each line the bench prints, as it prints it.
+BenchRun bench_transport(const std::string& tag, const std::vector<std::string>& extra,
+                         const std::function<void(const std::string& line, ChildProcess& bench)>& on_line = {}) {
   const auto file = (std::filesystem::temp_directory_path() / ("ecx-bench-transport-" + tag + ".json")).string();
   std::filesystem::remove(file);
   // Through sh, so that what the bench says on stderr is read too.
@@ -46,7 +51,10 @@ BenchRun bench_transport(const std::string& tag, const std::vector<std::string>&
   EXPECT_TRUE(child) << child.status().to_string();
   if (!child) return run;
   while (!child->eof()) {
-    if (auto line = child->read_line(200ms)) run.output += *line + "\n";
+    if (auto line = child->read_line(200ms)) {
+      run.output += *line + "\n";
+      if (on_line) on_line(*line, *child);
+    }
   }
   run.exit_code = child->wait(60s).value_or(-1);
   std::ifstream in(file);
@@ -118,6 +126,33 @@ TEST(BenchTransport, OverTcpThePerftestBaselineAlsoRunsInEcxsEndpointMode) {
   EXPECT_NEAR(ecx_figure(run, "ratio_vs_ucx_perftest_same_mode"), ecx / same_mode->value("gbps", 0.0), 1e-9)
       << run.series.dump();
   EXPECT_NE(run.output.find("same mode"), std::string::npos) << run.output;
+}
+
+// --hold (what ecx bench e2e uses to measure its two sides back to back): after the
+// warm-up the bench says "holding" and sends its measured messages only on SIGUSR1.
+// Until then it has measured nothing: it is still running and has written no series.
+TEST(BenchTransport, AHeldRunMeasuresOnlyOnTheGo) {
+  const auto file = std::filesystem::temp_directory_path() / "ecx-bench-transport-held.json";
+  int holds = 0;
+  bool written_while_held = true;
+  std::optional<int> exit_while_held = -1;
+  const BenchRun run = bench_transport("held", {"--hold"}, [&](const std::string& line, ChildProcess& bench) {
+    if (line != "holding") return;
+    ++holds;
+    written_while_held = std::filesystem::exists(file);
+    exit_while_held = bench.wait(0ms);
+    bench.signal(SIGUSR1);
+  });
+  EXPECT_EQ(holds, 1) << run.output;
+  EXPECT_FALSE(written_while_held);
+  EXPECT_EQ(exit_while_held, std::nullopt);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json* ecx = find_series(run, "ecx");
+  ASSERT_NE(ecx, nullptr) << run.series.dump();
+  EXPECT_GT(ecx->value("gbps", 0.0), 0.0);
+  // Its measured window, on the host's monotonic clock (ecx bench e2e orders the two
+  // sides' windows by it).
+  EXPECT_LT(ecx->value("measured_from_s", 0.0), ecx->value("measured_to_s", 0.0)) << ecx->dump();
 }
 
 TEST(BenchTransport, ASpreadTooSmallForTheWindowIsRefusedNamingIt) {
