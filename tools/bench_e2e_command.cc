@@ -828,6 +828,9 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
     return true;
   };
   auto fail = [&](std::string_view what) {
+    // A role still holding for its go would wait out its hold: stop both first.
+    consumer->signal(SIGTERM);
+    producer->signal(SIGTERM);
     return internal_error(fmt::format(
         "{} ({} of {} phases finished; consumer exit {}, producer exit {})", what, lines.results.size(), phases.size(),
         consumer->wait(std::chrono::seconds(10)).value_or(-1), producer->wait(std::chrono::seconds(10)).value_or(-1)));
