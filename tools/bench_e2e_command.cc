@@ -60,11 +60,12 @@ struct E2eOptions {
   bool checksum = false;
   bool baseline = true;
   double phase_timeout_s = 300;
-  int rounds = 1;  // role all: the whole run (ECX, then the raw plane) this many times
+  int rounds = 1;  // role all: every phase, ECX's side and the raw plane's, this many times
   std::string json_file;
   std::string extra;  // a JSON object merged into ec_connector_extra_config (both roles)
-  // Hidden (role producer): before each phase's first request, hold for the go
-  // (bench_command.h); role all passes it when it measures the raw plane.
+  // Hidden (roles consumer and producer): hold for the go (bench_command.h) before
+  // each phase's set-up, and the producer also before its first request; role all
+  // passes it when it measures the raw plane.
   bool hold = false;
   // Role all, with the raw plane: how long every process of a phase sits set up and
   // idle before the first of its two measurements.
@@ -887,9 +888,9 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
       measure_raw();
     }
   }
-  // What the producer printed last.
-  while (auto line = producer->read_line(std::chrono::milliseconds(200))) {
-    (void)line;
+  // Read the producer's output to its end, so that nothing it prints on its way out
+  // blocks it (every report it gives was taken above).
+  while (producer->read_line(std::chrono::milliseconds(200))) {
   }
   const auto consumer_exit = consumer->wait(std::chrono::seconds(30));
   const auto producer_exit = producer->wait(std::chrono::seconds(30));
@@ -1116,7 +1117,10 @@ void add_bench_e2e_command(CLI::App& app, Runner& run) {
   cmd->add_option("--extra", o->extra,
                   "JSON object merged into both roles' ec_connector_extra_config, e.g. '{\"ucx_rndv_thresh\": 262144}' "
                   "(the transport_raw baseline keeps its defaults)");
-  cmd->add_flag("--hold", o->hold, "producer: hold for SIGUSR1 before each phase (internal)")->group("");
+  cmd->add_flag("--hold", o->hold,
+                "consumer and producer: hold for SIGUSR1 before each phase's set-up, and the producer also before its "
+                "first request (internal)")
+      ->group("");
   cmd->callback([&run, o] {
     run = [o] {
       if (o->hold) block_go_signal();  // before any thread starts

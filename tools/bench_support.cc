@@ -189,18 +189,23 @@ Status write_plot(const PlotSpec& spec) {
   return Status::ok();
 }
 
-void block_go_signal() {
+namespace {
+sigset_t go_signal_set() {
   sigset_t go;
   sigemptyset(&go);
   sigaddset(&go, kGoSignal);
+  return go;
+}
+}  // namespace
+
+void block_go_signal() {
+  const sigset_t go = go_signal_set();
   pthread_sigmask(SIG_BLOCK, &go, nullptr);
 }
 
 Status hold_for_go(std::string_view line, std::chrono::milliseconds limit, const std::atomic<bool>* stop) {
   std::cout << line << std::endl;
-  sigset_t go;
-  sigemptyset(&go);
-  sigaddset(&go, kGoSignal);
+  const sigset_t go = go_signal_set();
   const auto give_up = std::chrono::steady_clock::now() + limit;
   const pid_t parent = ::getppid();
   // Short waits, so that a stop (SIGINT's handler sets it) or a parent that died (this
