@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -48,6 +49,8 @@ constexpr std::size_t kMaxVerdictReason = 256;
 constexpr std::uint64_t kBatchesWelcome = std::uint64_t{1} << 63;
 // A batch larger than this goes as several messages (an eager header stays small).
 constexpr std::size_t kMaxVerdictBatchBytes = 4096;
+// A batch entry without its reason: the send's id, the status code, the reason's length.
+constexpr std::size_t kBatchEntryBytes = kIdBytes + 1 + 2;
 // A progress pass that keeps finding arrivals sends what it held at this count, so
 // that no sender waits on a long pass (its window would stall).
 constexpr std::size_t kMaxHeldVerdicts = 64;
@@ -71,11 +74,11 @@ std::vector<std::byte> encode_verdict(std::uint64_t op_id, const Status& verdict
 void append_batch_entry(std::vector<std::byte>& out, std::uint64_t op_id, const Status& verdict) {
   const std::string_view reason = reason_of(verdict);
   const std::size_t at = out.size();
-  out.resize(at + kIdBytes + 1 + 2 + reason.size());
+  out.resize(at + kBatchEntryBytes + reason.size());
   put_le(out.data() + at, op_id);
   out[at + kIdBytes] = static_cast<std::byte>(verdict.code());
   put_le(out.data() + at + kIdBytes + 1, static_cast<std::uint16_t>(reason.size()));
-  std::memcpy(out.data() + at + kIdBytes + 3, reason.data(), reason.size());
+  std::memcpy(out.data() + at + kBatchEntryBytes, reason.data(), reason.size());
 }
 
 Status verdict_of(unsigned code, std::string_view reason) {
@@ -393,7 +396,10 @@ void AmProtocol::answer_endpoint(std::uint64_t sender_endpoint, std::uint64_t op
 
 bool AmProtocol::send_held_verdicts() {
   if (held_verdicts_.empty()) return false;
-  auto held = std::move(held_verdicts_);
+  // The two buffers take turns, so that neither is grown again from empty each pass:
+  // at 64 KiB items a pass holds tens of verdicts, and regrowing past 1 KiB made glibc
+  // sweep its fast bins on this thread every pass.
+  std::vector<HeldVerdict> held = std::exchange(held_verdicts_, std::move(spare_verdicts_));
   held_verdicts_.clear();
   // Almost always one endpoint: each pass takes the first endpoint's verdicts, in
   // order, and keeps the others for the next.
@@ -402,6 +408,7 @@ bool AmProtocol::send_held_verdicts() {
     const Endpoint* endpoint = endpoints_.find(endpoint_id);
     const bool usable = endpoint != nullptr && !endpoint->failed;
     std::vector<std::byte> message;
+    message.reserve(std::min(kMaxVerdictBatchBytes, held.size() * kBatchEntryBytes));
     auto keep = held.begin();
     for (auto it = held.begin(); it != held.end(); ++it) {
       if (it->endpoint != endpoint_id) {
@@ -419,6 +426,7 @@ bool AmProtocol::send_held_verdicts() {
     if (usable && !message.empty()) static_cast<void>(send_message(endpoint->ep, kVerdictBatchAm, std::move(message)));
     held.erase(keep, held.end());
   }
+  spare_verdicts_ = std::move(held);  // empty, its capacity kept
   return true;
 }
 

@@ -124,9 +124,10 @@ class AmProtocol final : public SendProtocol {
     std::uint64_t op_id;
     Status verdict;
   };
-  std::vector<HeldVerdict> held_verdicts_;  // progress thread only
-  bool shared_sources_ = false;             // set before any payload moves
-  SharedMappings mappings_;                 // receiving side
+  std::vector<HeldVerdict> held_verdicts_;   // progress thread only
+  std::vector<HeldVerdict> spare_verdicts_;  // empty; its capacity is the next pass's (send_held_verdicts)
+  bool shared_sources_ = false;              // set before any payload moves
+  SharedMappings mappings_;                  // receiving side
 };
 
 }  // namespace ecx::transport::ucx

@@ -54,6 +54,26 @@ TEST(SimAdmitMessage, ARequestArrivesWhole) {
   EXPECT_FALSE(std::get<AdmitRequest>(*decoded).wants_answer);
 }
 
+// Messages are unpacked into memory each thread reuses: one larger than its first
+// chunk, and the ones after it, still arrive whole, each with nothing of the last.
+TEST(SimAdmitMessage, MessagesOneAfterAnotherEachArriveWhole) {
+  for (const std::size_t params_bytes : {std::size_t{10}, std::size_t{64} * 1024, std::size_t{3}, std::size_t{20000}}) {
+    const std::string params(params_bytes, 'p');
+    const std::string id = "req-" + std::to_string(params_bytes);
+    auto decoded = decode_admit(encode(AdmitRequest{id, 1, false, {item("h", "t", {2, 2}, DType::float32)}, params}));
+    ASSERT_TRUE(decoded) << params_bytes << ": " << decoded.status().to_string();
+    const auto& got = std::get<AdmitRequest>(*decoded);
+    EXPECT_EQ(got.request_id, id);
+    EXPECT_EQ(got.ec_transfer_params, params);
+    ASSERT_EQ(got.items.size(), 1u);
+    EXPECT_EQ(got.items[0].mm_hash, "h");
+    auto answer = decode_answer(encode_answer(AdmitAnswer{id, params_bytes % 2 == 0}));
+    ASSERT_TRUE(answer);
+    EXPECT_EQ(answer->request_id, id);
+    EXPECT_EQ(answer->ready, params_bytes % 2 == 0);
+  }
+}
+
 TEST(SimAdmitMessage, DoneAndAnswersArriveWhole) {
   auto done = decode_admit(encode_admit(AdmitDone{1234}));
   ASSERT_TRUE(done);
