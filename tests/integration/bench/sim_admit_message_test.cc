@@ -11,8 +11,8 @@
 namespace ecx::sim {
 namespace {
 
-Item item(std::string mm_hash, std::string transfer_id, std::vector<std::int64_t> shape, DType dtype) {
-  auto spec = TensorSpec::make(std::move(shape), dtype, ~0ULL);
+Item item(std::string mm_hash, std::string transfer_id, const std::vector<std::int64_t>& shape, DType dtype) {
+  auto spec = TensorSpec::make(shape, dtype, ~0ULL);
   EXPECT_TRUE(spec);
   return Item{std::move(mm_hash), std::move(transfer_id), *spec};
 }
