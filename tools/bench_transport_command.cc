@@ -76,6 +76,11 @@ struct BenchOptions {
   // an idle plane (both progress threads asleep, as before an engine's lone item)
   // instead of behind its predecessor. 0: back to back.
   std::uint32_t gap_us = 0;
+  // ECX series, mode am: payloads of at least this many bytes go rendezvous, smaller
+  // ones eagerly, as ECX's ucx_rndv_thresh decides (0: UCX decides). Only the sender's
+  // matters: it chooses the protocol of each send.
+  std::string rndv_text;
+  std::uint64_t rndv_threshold = transport::UcxOptions{}.rndv_threshold_bytes;  // parsed rndv_text
   // Hidden (ecx bench e2e): after the UCX series' warm-up, hold for the go
   // (bench_command.h) before the measured messages.
   bool hold = false;
@@ -476,6 +481,7 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   ucx.peer_error_handling = ecx_peer_errors(options);
   ucx.mode = transport::parse_ucx_mode(options.mode).value_or(transport::UcxMode::am);
   ucx.shared_sources = options.shared_sources;
+  ucx.rndv_threshold_bytes = options.rndv_threshold;
   auto created = transport::create_ucx_transport(ucx);
   if (!created) return created.status();
   auto& transport = *created;
@@ -858,15 +864,29 @@ int run_bench(BenchOptions options) {
     }
     options.spread = *spread;
   }
+  if (options.rndv_text == "0") {
+    options.rndv_threshold = 0;
+  } else if (!options.rndv_text.empty()) {
+    auto threshold = parse_byte_size(options.rndv_text);
+    if (!threshold) {
+      std::cerr << "ecx bench transport: --rndv-thresh: " << threshold.status().message() << "\n";
+      return 2;
+    }
+    options.rndv_threshold = *threshold;
+  }
   // Both sides busy-poll in ucx_perftest; on a loaded machine that costs it more than
   // ECX's sleeping progress thread, so the load is part of the result.
   std::string load = "?";
   if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
   std::cout << fmt::format(
-      "ecx bench transport: {} (UCX_TLS={}), mode {}, window {}{}, median of {} runs, UCX {}, load average {} on {} "
-      "CPUs\n",
+      "ecx bench transport: {} (UCX_TLS={}), mode {}{}, window {}{}, median of {} runs, UCX {}, load average {} "
+      "on {} CPUs\n",
       mooncake ? std::string("mooncake (tcp) next to UCX tcp") : std::string(data_link_name(options.transport)),
-      ucx_tls(options.transport), options.mode, options.window,
+      ucx_tls(options.transport), options.mode,
+      options.mode != "am"          ? std::string()
+      : options.rndv_threshold == 0 ? std::string(", UCX picks eager or rendezvous")
+                                    : fmt::format(", ECX's sends rendezvous from {} bytes", options.rndv_threshold),
+      options.window,
       (options.spread != 0 ? fmt::format(", ECX spread over {} bytes", options.spread) : std::string()) +
           (options.gap_us != 0 ? fmt::format(", each ECX send {} us after one completed", options.gap_us)
                                : std::string()),
@@ -1042,6 +1062,11 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
                   "plane (with --window 1: one message at a time, as an engine's lone item); 0: back to back")
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
+  cmd->add_option("--rndv-thresh", options->rndv_text,
+                  "ECX series, mode am: payloads of at least this many bytes go rendezvous (UCX fetches them into "
+                  "their landing), smaller ones eagerly (copied out of UCX's receive buffer), as ECX's "
+                  "ucx_rndv_thresh (over shm, with --shared-sources, the consumer copies those out of the sender's "
+                  "memory); 0: UCX decides (default: ucx_rndv_thresh's, 128KiB)");
   auto* hold = cmd->add_flag("--hold", options->hold,
                              "print 'holding' after the UCX series' warm-up and send the measured messages only on "
                              "SIGUSR1 (internal: ecx bench e2e)");

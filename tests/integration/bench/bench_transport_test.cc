@@ -155,6 +155,29 @@ TEST(BenchTransport, AHeldRunMeasuresOnlyOnTheGo) {
   EXPECT_LT(ecx->value("measured_from_s", 0.0), ecx->value("measured_to_s", 0.0)) << ecx->dump();
 }
 
+// --rndv-thresh picks the protocol of ECX's sends: 64 KiB payloads go rendezvous from
+// 16 KiB, eagerly below the default 128 KiB, and as UCX decides with 0. Every payload
+// arrives in each case (the bench exits 1 otherwise), and the header says which.
+TEST(BenchTransport, TheRendezvousThresholdIsTheOneAskedForAndEveryMessageArrives) {
+  const BenchRun by_default = bench_transport("rndv-default", {});
+  EXPECT_EQ(by_default.exit_code, 0) << by_default.output;
+  EXPECT_NE(by_default.output.find("ECX's sends rendezvous from 131072 bytes"), std::string::npos) << by_default.output;
+  const BenchRun rendezvous = bench_transport("rndv-16k", {"--rndv-thresh", "16KiB"});
+  EXPECT_EQ(rendezvous.exit_code, 0) << rendezvous.output;
+  EXPECT_GT(ecx_gbps(rendezvous), 0.0) << rendezvous.output;
+  EXPECT_NE(rendezvous.output.find("ECX's sends rendezvous from 16384 bytes"), std::string::npos) << rendezvous.output;
+  const BenchRun ucx_decides = bench_transport("rndv-0", {"--rndv-thresh", "0"});
+  EXPECT_EQ(ucx_decides.exit_code, 0) << ucx_decides.output;
+  EXPECT_NE(ucx_decides.output.find("UCX picks eager or rendezvous"), std::string::npos) << ucx_decides.output;
+}
+
+TEST(BenchTransport, ARendezvousThresholdThatIsNoSizeIsRefusedNamingIt) {
+  const BenchRun run = bench_transport("rndv-bad", {"--rndv-thresh", "lots"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.output.find("--rndv-thresh"), std::string::npos) << run.output;
+  EXPECT_EQ(run.series, json()) << "a refused run measures nothing";
+}
+
 TEST(BenchTransport, ASpreadTooSmallForTheWindowIsRefusedNamingIt) {
   const BenchRun run = bench_transport("small", {"--spread", "256KiB"});
   EXPECT_EQ(run.exit_code, 2);
