@@ -23,7 +23,7 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-const std::string kEcx = std::string(ECX_BINARY_DIR) + "/bin/ecx";
+std::string ecx_binary() { return std::string(ECX_BINARY_DIR) + "/bin/ecx"; }
 
 struct BenchRun {
   int exit_code = -1;
@@ -38,7 +38,7 @@ BenchRun bench_transport(const std::string& tag, const std::vector<std::string>&
   std::filesystem::remove(file);
   // Through sh, so that what the bench says on stderr is read too.
   std::vector<std::string> argv = {"/bin/sh",     "-c",       "exec \"$0\" \"$@\" 2>&1",
-                                   kEcx,          "bench",    "transport",
+                                   ecx_binary(),  "bench",    "transport",
                                    "--transport", "tcp",      "--sizes",
                                    "64KiB",       "--window", "2",
                                    "--count",     "40",       "--repeat",
