@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -1001,13 +1002,18 @@ int run_all(const E2eOptions& o) {
   }
   std::string load = "?";
   if (std::ifstream loadavg("/proc/loadavg"); loadavg) loadavg >> load;
+  // Every process inherits it, and it moves the 64 KiB figures (docs/operations.md):
+  // a reader comparing runs needs to know it was set.
+  const char* tunables = std::getenv("GLIBC_TUNABLES");  // NOLINT(concurrency-mt-unsafe): nothing sets the environment
   std::cout << fmt::format(
       "ecx bench e2e: consumer (TP={}) and producer processes on 127.0.0.1 over UCX {}, checksums {}, loads {}, "
-      "outputs {}, sizes {}; load average {} on {} CPUs\n",
+      "outputs {}, sizes {}; load average {} on {} CPUs{}\n",
       o.tp, data_link_name(o.transport), o.checksum ? "on" : "off",
       config->zero_copy_loads ? "as views of the landed slots" : "copied",
       config->zero_copy_saves ? "sent from the encoder's memory" : "staged", o.sizes_text, load,
-      std::thread::hardware_concurrency());
+      std::thread::hardware_concurrency(),
+      tunables != nullptr && *tunables != '\0' ? fmt::format("; every process with GLIBC_TUNABLES={}", tunables)
+                                               : std::string());
   std::vector<Round> rounds;
   json series = json::array();
   bool ok = true;
