@@ -32,6 +32,9 @@ inline CLI::App* bench_subcommand(CLI::App& app) {
 
 // "9MiB", "64K", "4096" (K, M, G are binary).
 Result<std::uint64_t> parse_byte_size(std::string_view text);
+// As parse_byte_size, but "0" is 0: for an option where 0 means off, or left to
+// another part.
+Result<std::uint64_t> parse_byte_size_or_zero(std::string_view text);
 // A comma-separated list of sizes.
 Result<std::vector<std::uint64_t>> parse_byte_sizes(std::string_view text);
 // "64 KiB", "9 MiB".

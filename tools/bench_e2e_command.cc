@@ -85,8 +85,10 @@ struct Phase {
 
 // A role's hold (--hold) before phase `phase`'s `stage`: "setup" (before anything of
 // the phase starts) or "start" (the producer, set up, before its first request). The
-// other side may measure meanwhile, so the limit is two phases' worth.
+// other side may measure meanwhile, so the limit is two phases' worth. Without --hold,
+// nothing to wait for.
 Status hold_role(const E2eOptions& o, const char* stage, const Phase& phase) {
+  if (!o.hold) return Status::ok();
   const json line{{"event", "holding"}, {"stage", stage}, {"phase", phase.name}, {"size_bytes", phase.size}};
   return hold_for_go(line.dump(),
                      std::chrono::milliseconds(static_cast<std::int64_t>(o.phase_timeout_s * 2000) + 60'000), &g_stop);
@@ -469,11 +471,9 @@ int run_consumer_role(const E2eOptions& o) {
   const bool same_host = address->first.starts_with("127.") || address->first == "::1" || address->first == "[::1]" ||
                          address->first == "localhost";
   for (std::size_t k = 0; k < phases->size() && !g_stop.load(); ++k) {
-    if (o.hold) {
-      if (auto st = hold_role(o, "setup", (*phases)[k]); !st) {
-        std::cerr << "ecx bench e2e consumer: " << st.message() << "\n";
-        return 1;
-      }
+    if (auto st = hold_role(o, "setup", (*phases)[k]); !st) {
+      std::cerr << "ecx bench e2e consumer: " << st.message() << "\n";
+      return 1;
     }
     auto result = consume_phase(o, (*phases)[k], address->first, phase_port(address->second, o.tp, k), same_host);
     if (!result) {
@@ -532,11 +532,9 @@ int run_producer_role(const E2eOptions& o) {
       return 2;
     }
     const std::string control = tcp_address(address->first, port + 1);
-    if (o.hold) {
-      if (auto st = hold_role(o, "setup", phase); !st) {
-        std::cerr << "ecx bench e2e producer: " << st.message() << "\n";
-        return 1;
-      }
+    if (auto st = hold_role(o, "setup", phase); !st) {
+      std::cerr << "ecx bench e2e producer: " << st.message() << "\n";
+      return 1;
     }
     if (auto st = wait_for_consumer(control, std::chrono::seconds(static_cast<int>(o.phase_timeout_s))); !st) {
       std::cerr << "ecx bench e2e producer: " << st.message() << "\n";

@@ -60,6 +60,11 @@ Result<std::uint64_t> parse_byte_size(std::string_view text) {
   return bytes;
 }
 
+Result<std::uint64_t> parse_byte_size_or_zero(std::string_view text) {
+  if (text == "0") return std::uint64_t{0};
+  return parse_byte_size(text);
+}
+
 Result<std::vector<std::uint64_t>> parse_byte_sizes(std::string_view text) {
   std::vector<std::uint64_t> sizes;
   std::size_t start = 0;

@@ -849,14 +849,14 @@ int run_bench(BenchOptions options) {
     sizes.push_back(*size);
   }
 
-  if (!options.spread_text.empty() && options.spread_text != "0") {
-    auto spread = parse_byte_size(options.spread_text);
+  if (!options.spread_text.empty()) {
+    auto spread = parse_byte_size_or_zero(options.spread_text);
     if (!spread) {
       std::cerr << "ecx bench transport: --spread: " << spread.status().message() << "\n";
       return 2;
     }
     const std::uint64_t needed = *std::max_element(sizes.begin(), sizes.end()) * options.window * 4;
-    if (*spread < needed) {
+    if (*spread != 0 && *spread < needed) {
       std::cerr << fmt::format(
           "ecx bench transport: --spread {} must hold at least 4 windows of the largest size ({} bytes)\n",
           options.spread_text, needed);
@@ -864,10 +864,8 @@ int run_bench(BenchOptions options) {
     }
     options.spread = *spread;
   }
-  if (options.rndv_text == "0") {
-    options.rndv_threshold = 0;
-  } else if (!options.rndv_text.empty()) {
-    auto threshold = parse_byte_size(options.rndv_text);
+  if (!options.rndv_text.empty()) {
+    auto threshold = parse_byte_size_or_zero(options.rndv_text);
     if (!threshold) {
       std::cerr << "ecx bench transport: --rndv-thresh: " << threshold.status().message() << "\n";
       return 2;

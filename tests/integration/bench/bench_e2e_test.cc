@@ -1,6 +1,8 @@
 // `ecx bench e2e` as a user runs it (consumer and producer processes over UCX on
 // loopback), small: every item arrives, and its CPU table accounts for the threads
-// that did the work, ECX's and the simulated engines' apart.
+// that did the work, ECX's and the simulated engines' apart; a run names
+// GLIBC_TUNABLES when it is set; rounds alternate their order and measure the two
+// sides of a phase one after the other.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -134,9 +136,6 @@ TEST(BenchE2e, EveryItemArrivesAndEachThreadsCpuIsCounted) {
   EXPECT_NE(output.find("engine threads: simulator"), std::string::npos) << output;
 }
 
-// --rounds alternates which runs first, ECX or the raw plane (on a shared machine the
-// first and the second runner meet different conditions); every round measures both,
-// phase by phase, one side after the other: never at once, and in the round's order.
 // A tuned allocator moves the 64 KiB figures (docs/operations.md), so a run made with
 // one says so in its header; a run without says nothing of it.
 TEST(BenchE2e, ARunWithGlibcTunablesSaysSo) {
@@ -151,6 +150,9 @@ TEST(BenchE2e, ARunWithGlibcTunablesSaysSo) {
   EXPECT_EQ(plain.output.find("GLIBC_TUNABLES"), std::string::npos) << plain.output;
 }
 
+// --rounds alternates which runs first, ECX or the raw plane (on a shared machine the
+// first and the second runner meet different conditions); every round measures both,
+// phase by phase, one side after the other: never at once, and in the round's order.
 TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
   const BenchRun run = run_bench("rounds-test", {"--sizes", "64KiB", "--count", "200", "--latency-count", "5",
                                                  "--pool-size", "64MiB", "--rounds", "2", "--settle", "0"});

@@ -1,6 +1,8 @@
 // `ecx bench transport` as a user runs it: its ECX series between two real processes
-// over UCX on loopback, with and without --spread, and the refusal of a spread too
-// small for the window (the message names the option and what it must hold).
+// over UCX on loopback, with and without --spread, with --gap, held for the go
+// (--hold), at the rendezvous threshold asked for (--rndv-thresh), and the refusals of
+// a threshold that is no size and of a spread too small for the window (each message
+// names the option).
 #include <algorithm>
 #include <chrono>
 #include <csignal>
