@@ -128,7 +128,7 @@ py::dict stats_to_python(const scheduler::CoordinatorStats& s) {
 class PyScheduler {
  public:
   PyScheduler(const Config& config, const std::string& model_dtype, std::int64_t model_hidden_width,
-              std::shared_ptr<ManualClock> clock) {
+              const std::shared_ptr<ManualClock>& clock) {
     const DType dtype = value_or_raise(parse_dtype(model_dtype));
     std::shared_ptr<const Clock> c = clock ? std::shared_ptr<const Clock>(clock) : SteadyClock::shared();
     py::gil_scoped_release release;  // socket setup
@@ -159,7 +159,7 @@ class PyScheduler {
   std::size_t loads_awaiting_confirmation() const noexcept { return loads_to_confirm_.size(); }
 
   // Every report passes through here, so the last pending_saves is the worker's latest.
-  void update_connector_output(scheduler::WorkerOutput out) {
+  void update_connector_output(const scheduler::WorkerOutput& out) {
     pending_saves_ = out.pending_saves;
     impl().update_connector_output(out);
   }
@@ -330,7 +330,7 @@ void register_scheduler(py::module_& m) {
             scheduler::WorkerOutput out{std::move(loaded),       std::move(failed_loads), std::move(reclaimed),
                                         pending_saves,           std::move(failed_saves), std::move(store_ready),
                                         std::move(store_failed), std::move(store_dropped)};
-            s.update_connector_output(std::move(out));
+            s.update_connector_output(out);
           },
           py::arg("loaded"), py::arg("failed_loads"), py::arg("reclaimed"), py::arg("pending_saves"),
           py::arg("failed_saves"), py::arg("store_ready") = std::vector<std::string>{},

@@ -58,7 +58,7 @@ enum class SlotContent : unsigned char { filling, landed, dead };
 // served from a resident copy) and leases may share it. Read-only outside the store.
 struct SlotEntry {
   SlotEntry(SlotId entry_id, pool::Slot entry_slot, std::string hash, TensorSpec tensor)
-      : id(entry_id), slot(entry_slot), mm_hash(std::move(hash)), spec(std::move(tensor)) {}
+      : id(entry_id), slot(entry_slot), mm_hash(std::move(hash)), spec(tensor) {}
 
   SlotId id = kNoSlot;
   pool::Slot slot;

@@ -45,7 +45,7 @@ class ShardFaults : public ::testing::Test {
     ucx.resolver = [](std::span<const std::byte>, std::uint64_t) -> Result<transport::Landing> {
       return unavailable("the sender accepts no payloads");
     };
-    ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, Status) {};
+    ucx.on_landing = [](std::span<const std::byte>, const transport::Landing&, const Status&) {};
     auto sender = transport::create_ucx_transport(std::move(ucx));
     ASSERT_TRUE(sender) << sender.status().to_string();
     sender_ = std::move(*sender);

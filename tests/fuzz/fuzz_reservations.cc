@@ -38,14 +38,14 @@ void check(bool condition) {
 }
 
 // ECX_FUZZ_TRACE=1 prints every operation (to replay a finding by hand).
-const bool kTrace = std::getenv("ECX_FUZZ_TRACE") != nullptr;
+const bool kTrace = std::getenv("ECX_FUZZ_TRACE") != nullptr;  // NOLINT(concurrency-mt-unsafe): before any thread
 #define TRACE(...)                                 \
   do {                                             \
     if (kTrace) std::fprintf(stderr, __VA_ARGS__); \
   } while (0)
 
 constexpr int kIds = 8, kHashes = 4;
-constexpr std::uint64_t kSlab = 64 * 1024;
+constexpr std::uint64_t kSlab = std::uint64_t{64} * 1024;
 
 std::string id_name(int i) { return "t" + std::to_string(i); }
 std::string hash_name(int i) { return "h" + std::to_string(i); }

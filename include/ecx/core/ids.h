@@ -46,6 +46,7 @@ class ReservationId {
   std::uint64_t lo() const noexcept { return lo_; }
   std::string to_string() const;
 
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted comparison
   friend constexpr auto operator<=>(const ReservationId&, const ReservationId&) = default;
 
  private:

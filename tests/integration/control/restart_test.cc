@@ -14,8 +14,6 @@
 
 #include "ecx/control/client.h"
 
-extern char** environ;
-
 namespace ecx::control {
 namespace {
 
@@ -53,7 +51,7 @@ class ServerProcess {
     FILE* reader = ::fdopen(out[0], "r");
     char line[128] = {};
     if (reader && std::fgets(line, sizeof line, reader)) std::sscanf(line, "READY %d", &port_);
-    if (reader) std::fclose(reader);
+    if (reader) std::fclose(reader);  // NOLINT(cppcoreguidelines-owning-memory): fdopen's stream
   }
   ~ServerProcess() { kill(); }
   void kill() {

@@ -229,7 +229,7 @@ class OneSidedShard : public ::testing::Test {
     std::promise<Status> done;
     auto settled = done.get_future();
     EXPECT_TRUE(writer_->write(endpoint_, region_, 0, n, base_ + r.offset.value_or(0),
-                               SteadyClock::shared()->now() + 20s, [&done](Status s) { done.set_value(s); }));
+                               SteadyClock::shared()->now() + 20s, [&done](const Status& s) { done.set_value(s); }));
     EXPECT_EQ(settled.wait_for(20s), std::future_status::ready);
     EXPECT_TRUE(settled.get());
     return XXH64(source_.data(), n, 0);

@@ -45,7 +45,7 @@ TEST(MooncakeLibrary, LibraryWithoutTheCInterfaceNamesTheMissingSymbol) {
 
 TEST(MooncakeLibrary, PathComesFromConfigThenEnvironmentThenSearchPath) {
   EXPECT_EQ(mooncake_library_path("/opt/a/libtransfer_engine.so"), "/opt/a/libtransfer_engine.so");
-  const char* env = std::getenv("ECX_MOONCAKE_LIB");
+  const char* env = std::getenv("ECX_MOONCAKE_LIB");  // NOLINT(concurrency-mt-unsafe): no thread sets it
   EXPECT_EQ(mooncake_library_path(""), env != nullptr && *env != '\0' ? env : "libtransfer_engine.so");
 }
 
@@ -133,9 +133,9 @@ TEST_F(MooncakePair, WriteBeyondTheRegisteredPoolFailsAndWritesNothing) {
 TEST_F(MooncakePair, ReceiverChosenSendIsRefusedAndSourceRangeIsChecked) {
   std::array<std::byte, 4> header{};
   EXPECT_FALSE(sender_->send(endpoint_, header, source_region_, 0, 16, SteadyClock::shared()->now() + 1s,
-                             [](Status) { ADD_FAILURE() << "a refused send must not call back"; }));
+                             [](const Status&) { ADD_FAILURE() << "a refused send must not call back"; }));
   EXPECT_FALSE(sender_->write(endpoint_, source_region_, kPool - 8, 16, pool_base(), SteadyClock::shared()->now() + 1s,
-                              [](Status) { ADD_FAILURE() << "a refused write must not call back"; }));
+                              [](const Status&) { ADD_FAILURE() << "a refused write must not call back"; }));
 }
 
 TEST_F(MooncakePair, ManyConcurrentWritesAllLand) {
@@ -143,6 +143,7 @@ TEST_F(MooncakePair, ManyConcurrentWritesAllLand) {
   constexpr std::uint64_t kLength = kPool / kWrites;
   std::vector<std::promise<Status>> done(kWrites);
   std::vector<std::future<Status>> settled;
+  settled.reserve(done.size());
   for (auto& d : done) settled.push_back(d.get_future());
   for (int i = 0; i < kWrites; ++i) {
     const std::uint64_t at = static_cast<std::uint64_t>(kWrites - 1 - i) * kLength;  // reversed order

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -113,8 +114,12 @@ class NamespacePair {
     return std::nullopt;
   }
 
-  std::vector<std::string> in_consumer(std::vector<std::string> argv) const { return in(consumer_ns_, argv); }
-  std::vector<std::string> in_producer(std::vector<std::string> argv) const { return in(producer_ns_, argv); }
+  std::vector<std::string> in_consumer(std::vector<std::string> argv) const {
+    return in(consumer_ns_, std::move(argv));
+  }
+  std::vector<std::string> in_producer(std::vector<std::string> argv) const {
+    return in(producer_ns_, std::move(argv));
+  }
   // Whether the kernel lets a namespace be entered at all (some sandboxes allow the
   // mount but not setns).
   bool can_enter() const { return run(in(consumer_ns_, {"/bin/true"})).exit == 0; }

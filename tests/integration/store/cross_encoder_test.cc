@@ -23,7 +23,7 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-const std::string kEcx = std::string(ECX_BINARY_DIR) + "/bin/ecx";
+std::string ecx_binary() { return std::string(ECX_BINARY_DIR) + "/bin/ecx"; }
 
 struct DemoRun {
   json summary;
@@ -35,10 +35,10 @@ DemoRun demo(const std::string& tag, const std::vector<std::string>& extra,
              const std::function<void(ChildProcess&)>& during = nullptr) {
   const auto file = (std::filesystem::temp_directory_path() / ("ecx-cross-" + tag + ".json")).string();
   std::filesystem::remove(file);
-  std::vector<std::string> argv = {kEcx,  "demo",         "--quiet", "--requests",  "60",     "--max-tokens",
-                                   "600", "--min-tokens", "64",      "--hidden",    "1024",   "--repeat",
-                                   "0.5", "--seed",       "5",       "--pool-size", "256MiB", "--encoders",
-                                   "2",   "--deadline",   "120",     "--json",      file};
+  std::vector<std::string> argv = {ecx_binary(), "demo",         "--quiet", "--requests",  "60",     "--max-tokens",
+                                   "600",        "--min-tokens", "64",      "--hidden",    "1024",   "--repeat",
+                                   "0.5",        "--seed",       "5",       "--pool-size", "256MiB", "--encoders",
+                                   "2",          "--deadline",   "120",     "--json",      file};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto child = ChildProcess::spawn(argv);
   EXPECT_TRUE(child) << child.status().to_string();

@@ -409,7 +409,7 @@ TEST(Landing, FailedLandingFailsWriterAndFollowersAndFreesTheSlot) {
 }
 
 TEST(Landing, ChecksumMatchLands) {
-  Harness h(64 * 1024, LandingMode::receiver_chosen, /*checksum=*/true);
+  Harness h(std::uint64_t{64} * 1024, LandingMode::receiver_chosen, /*checksum=*/true);
   std::vector<std::byte> payload(5000);
   for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 31);
   const std::uint64_t sum = XXH64(payload.data(), payload.size(), 0);
@@ -422,7 +422,7 @@ TEST(Landing, ChecksumMatchLands) {
 }
 
 TEST(Landing, ChecksumFromTheReserveIsUsedWhenTheLandingCarriesNone) {
-  Harness h(64 * 1024, LandingMode::receiver_chosen, true);
+  Harness h(std::uint64_t{64} * 1024, LandingMode::receiver_chosen, true);
   std::vector<std::byte> payload(300, std::byte{9});
   auto w = as<outcome::Reserved>(h.manager->reserve(request("t", "h", 300, XXH64(payload.data(), 300, 0))));
   auto target = h.manager->resolve_landing("t", w.reservation_id, 300);
@@ -431,7 +431,7 @@ TEST(Landing, ChecksumFromTheReserveIsUsedWhenTheLandingCarriesNone) {
 }
 
 TEST(Landing, ChecksumMismatchFailsTheTransferAndFreesTheSlot) {
-  Harness h(64 * 1024, LandingMode::receiver_chosen, true);
+  Harness h(std::uint64_t{64} * 1024, LandingMode::receiver_chosen, true);
   auto w = h.reserve_writer("t", "h", 5000);
   auto f = as<outcome::Reserved>(h.manager->reserve(request("f", "h", 5000)));
   (void)f;
@@ -450,7 +450,7 @@ TEST(Landing, ChecksumMismatchFailsTheTransferAndFreesTheSlot) {
 }
 
 TEST(Landing, MissingChecksumFailsWhenChecksumsAreOn) {
-  Harness h(64 * 1024, LandingMode::receiver_chosen, true);
+  Harness h(std::uint64_t{64} * 1024, LandingMode::receiver_chosen, true);
   auto w = h.reserve_writer("t", "h", 100);
   ASSERT_TRUE(h.manager->resolve_landing("t", w.reservation_id, 100).accepted());
   EXPECT_EQ(h.manager->complete_landing("t", w.reservation_id, true), CompletionOutcome::failed);
@@ -927,7 +927,7 @@ TEST(Expiry, TheSweepRunsBeforeEveryReserve) {
 }
 
 TEST(Expiry, TombstonesAreBoundedInCount) {
-  Harness h(64 * 1024, LandingMode::receiver_chosen, false, /*tombstone_max=*/10);
+  Harness h(std::uint64_t{64} * 1024, LandingMode::receiver_chosen, false, /*tombstone_max=*/10);
   for (int i = 0; i < 25; ++i) h.manager->cancel({"c" + std::to_string(i), {}, false, false});
   const auto c = h.manager->counters();
   EXPECT_EQ(c.tombstones, 10u);
@@ -951,7 +951,7 @@ TEST(Expiry, TombstonesAreReapedAfterTheTtl) {
 }
 
 TEST(Events, TheQueueIsBoundedAndDropsTheOldest) {
-  std::vector<std::byte> slab(64 * 1024);
+  std::vector<std::byte> slab(std::size_t{64} * 1024);
   ReservationOptions o;
   o.slab_base = slab.data();
   o.slab_size = slab.size();
@@ -1106,7 +1106,7 @@ TEST(Direct, ContentAlreadyThereIsLeftToTheReserve) {
 }
 
 TEST(Direct, OneSidedShardsTurnDirectPayloadsAway) {
-  Harness h(64 * 1024, LandingMode::one_sided);
+  Harness h(std::uint64_t{64} * 1024, LandingMode::one_sided);
   EXPECT_FALSE(h.manager->resolve_direct_landing(request("t", "img", 1000)).landing.accepted());
   EXPECT_FALSE(h.manager->state_of("t").has_value());
 }

@@ -24,7 +24,9 @@ constexpr int kTransfers = 14;
 constexpr std::int64_t kSizes[kHashes] = {1000, 2500, 4096, 700, 6000};
 
 // The byte every position of content `hash` holds. Failed landings write garbage.
-std::byte pattern(int hash, std::uint64_t pos) { return static_cast<std::byte>((hash * 37 + pos * 11 + 1) & 0xff); }
+std::byte pattern(int hash, std::uint64_t pos) {
+  return static_cast<std::byte>((static_cast<std::uint64_t>(hash) * 37 + pos * 11 + 1) & 0xff);
+}
 
 bool holds_pattern(const std::byte* data, std::uint64_t n, int hash) {
   for (std::uint64_t pos : {std::uint64_t{0}, n / 2, n - 1}) {
@@ -46,7 +48,7 @@ struct Landing {
 };
 
 struct Model {
-  explicit Model(std::uint64_t seed, LandingMode mode) : rng(seed), h(9 * 1024, mode) {}
+  explicit Model(std::uint64_t seed, LandingMode mode) : rng(seed), h(std::uint64_t{9} * 1024, mode) {}
 
   int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); }
   bool chance(int percent) { return pick(100) < percent; }
@@ -186,6 +188,7 @@ struct Model {
 };
 
 std::uint64_t base_seed() {
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): read before the threads start
   if (const char* s = std::getenv("ECX_MODEL_SEED")) return std::strtoull(s, nullptr, 10);
   return 20240611;
 }
@@ -271,7 +274,7 @@ TEST(ReservationModel, RandomSequencesOneSided) {
 // while another moves time and sweeps. TSan checks the locking; the invariants and
 // byte patterns check the outcome.
 TEST(ReservationConcurrency, ManyThreadsKeepTheBookkeepingConsistent) {
-  testing::Harness h(256 * 1024);
+  testing::Harness h(std::uint64_t{256} * 1024);
   auto& m = *h.manager;
   std::atomic<bool> stop{false};
   std::atomic<int> corrupt{0};
@@ -309,6 +312,7 @@ TEST(ReservationConcurrency, ManyThreadsKeepTheBookkeepingConsistent) {
     }
   });
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
   for (auto& t : threads) t.join();
   stop = true;

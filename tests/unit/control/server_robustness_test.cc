@@ -39,6 +39,7 @@ struct RawPeer {
     std::vector<zmq::message_t> parts;
     (void)zmq::recv_multipart(socket, std::back_inserter(parts));
     std::vector<std::string> out;
+    out.reserve(parts.size());
     for (auto& p : parts) out.push_back(p.to_string());
     return out;
   }
@@ -138,7 +139,7 @@ TEST(ControlServerRobustness, OversizedFrameDropsThatConnectionOnly) {
   o.limits.max_frame_bytes = 4096;
   auto server = testing::must(ControlServer::start(o, handler));
   RawPeer peer(local(server->port()));
-  peer.send({std::string(64 * 1024, 'x')});
+  peer.send({std::string(std::size_t{64} * 1024, 'x')});
   EXPECT_TRUE(peer.receive(200ms).empty()) << "libzmq refuses it before it is buffered";
   auto client = testing::must(ControlClient::create(ClientOptions{}));
   EXPECT_TRUE(client->status(local(server->port()), "t-1", 2s).is_ok());
@@ -151,6 +152,7 @@ TEST(ControlServerRobustness, ClientRefusesToSendAFrameOverTheLimit) {
   o.limits.max_frame_bytes = 4096;
   auto client = testing::must(ControlClient::create(o));
   std::vector<wire::ReserveItem> items;
+  items.reserve(200);
   for (int i = 0; i < 200; ++i) items.push_back(testing::item("t-" + std::to_string(i)));
   auto reply = client->reserve_batch(local(server->port()), items, 2s);
   EXPECT_EQ(reply.status().code(), StatusCode::invalid_argument);

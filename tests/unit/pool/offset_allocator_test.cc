@@ -30,6 +30,7 @@ TEST(OffsetAllocator, RejectsZeroAndOversizedRequests) {
 TEST(OffsetAllocator, ExhaustionIsANormalResult) {
   OffsetAllocator allocator(1024, 256);
   std::vector<Slot> slots;
+  slots.reserve(4);
   for (int i = 0; i < 4; ++i) slots.push_back(*allocator.allocate(200));
   auto more = allocator.allocate(1);
   EXPECT_EQ(more.status().code(), StatusCode::resource_exhausted);
@@ -50,7 +51,7 @@ TEST(OffsetAllocator, FreeOfASlotThatIsNotLiveChangesNothing) {
 }
 
 TEST(OffsetAllocator, CoalescesWithBothNeighbours) {
-  OffsetAllocator allocator(4 * 256, 256);
+  OffsetAllocator allocator(std::uint64_t{4} * 256, 256);
   auto a = *allocator.allocate(256);
   auto b = *allocator.allocate(256);
   auto c = *allocator.allocate(256);
@@ -68,8 +69,9 @@ TEST(OffsetAllocator, CoalescesWithBothNeighbours) {
 }
 
 TEST(OffsetAllocator, PicksTheBestFittingBlock) {
-  OffsetAllocator allocator(10 * 256, 256);
+  OffsetAllocator allocator(std::uint64_t{10} * 256, 256);
   std::vector<Slot> slots;
+  slots.reserve(10);
   for (int i = 0; i < 10; ++i) slots.push_back(*allocator.allocate(256));
   // Free blocks of 3, 1 and 2 slots (with live slots between them).
   ASSERT_TRUE(allocator.free(slots[0]));

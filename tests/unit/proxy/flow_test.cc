@@ -162,7 +162,7 @@ TEST(ItemReports, BatchedByItemIndicesElseByBinding) {
 TEST(ItemReports, UnusableMetadataIsAProtocolError) {
   const auto media = two_images();
   const std::vector<std::string> ids = {"t0", "t1"};
-  const auto code = [&](const json& params, std::vector<std::size_t> items) {
+  const auto code = [&](const json& params, const std::vector<std::size_t>& items) {
     return read_item_reports(json{{"ec_transfer_params", params}}, media, items, ids).status().code();
   };
   EXPECT_EQ(code("nope", {0}), StatusCode::protocol);

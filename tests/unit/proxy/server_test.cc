@@ -251,7 +251,7 @@ TEST_F(ProxyServerTest, ProbesEvictAnInstanceThatStopsAnswering) {
   EXPECT_GE((*proxy)->metrics().value("ecx_proxy_evictions_total", {}), 1);
 }
 
-json chat_with_images(std::vector<std::string> urls, bool stream) {
+json chat_with_images(const std::vector<std::string>& urls, bool stream) {
   json content = json::array();
   for (const auto& url : urls) content.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
   return {{"model", "m"}, {"stream", stream}, {"messages", json::array({{{"role", "user"}, {"content", content}}})}};

@@ -129,7 +129,7 @@ struct StoreHarness {
     o.asynchronous_loads = asynchronous;
     return o;
   }
-  void report(WorkerOutput out) { h.coordinator.update_connector_output(out); }
+  void report(const WorkerOutput& out) { h.coordinator.update_connector_output(out); }
   Harness h;
   std::shared_ptr<FakeStorePresence> store = std::make_shared<FakeStorePresence>();
 };
@@ -250,7 +250,7 @@ struct ConsumerStoreHarness {
     o.encoder_dtype = DType::bfloat16;
     return o;
   }
-  void report(WorkerOutput out) { h.coordinator.update_connector_output(out); }
+  void report(const WorkerOutput& out) { h.coordinator.update_connector_output(out); }
   Harness h;
   // Empty: the proxy's word is enough to try a prefetch, which verifies the entry.
   std::shared_ptr<FakeStorePresence> store = std::make_shared<FakeStorePresence>();

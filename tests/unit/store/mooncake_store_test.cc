@@ -40,13 +40,14 @@ std::string env(const char* name) {
   return v != nullptr ? v : "";
 }
 
-TensorSpec spec(std::vector<std::int64_t> shape, DType dtype = DType::bfloat16) {
-  return TensorSpec::make(std::move(shape), dtype, std::uint64_t{1} << 34).value();
+TensorSpec spec(const std::vector<std::int64_t>& shape, DType dtype = DType::bfloat16) {
+  return TensorSpec::make(shape, dtype, std::uint64_t{1} << 34).value();
 }
 
 std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
   std::vector<std::byte> out(n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = static_cast<std::byte>((i * 131 + std::size_t{seed} * 7 + (i >> 9)) & 0xff);
   return out;
 }
 
@@ -109,6 +110,7 @@ class LoopbackOnly : public ::testing::Environment {
  public:
   void SetUp() override { ::setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1", 0); }  // NOLINT(concurrency-mt-unsafe)
 };
+// NOLINTNEXTLINE(cert-err58-cpp): gtest's registration idiom, run before main
 [[maybe_unused]] const ::testing::Environment* const kLoopbackOnly =
     ::testing::AddGlobalTestEnvironment(new LoopbackOnly);  // NOLINT(cppcoreguidelines-owning-memory): gtest owns it
 

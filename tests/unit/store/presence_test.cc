@@ -61,7 +61,7 @@ class Presence : public ::testing::Test {
   std::unique_ptr<EmbeddingStore> writer(std::string model = "model@1") {
     return open_redis_store(options_for(server_->port(), std::move(model))).value();
   }
-  std::unique_ptr<PresenceIndex> index(PresenceOptions p = {}, bool with_feed = true) {
+  std::unique_ptr<PresenceIndex> index(const PresenceOptions& p = {}, bool with_feed = true) {
     auto o = options_for(server_->port());
     std::shared_ptr<EmbeddingStore> lookups = open_redis_store(o).value();
     std::unique_ptr<PresenceFeed> feed;
@@ -252,7 +252,12 @@ TEST(StoreConfig, TheUrlIsReadAndBadOnesAreNamed) {
 TEST(StoreConfig, TheCrossEncoderCacheNeedsAStoreAndAModelOnEveryRole) {
   for (const std::string role : {"ec_producer", "ec_consumer", "ec_both"}) {
     const auto parse = [&](const std::string& extra) {
-      return parse_config(R"({"ec_role": ")" + role + R"(", "ec_connector_extra_config": {)" + extra + "}}", {});
+      std::string text = R"({"ec_role": ")";
+      text += role;
+      text += R"(", "ec_connector_extra_config": {)";
+      text += extra;
+      text += "}}";
+      return parse_config(text, {});
     };
     EXPECT_NE(parse(R"("cross_encoder_cache": true)").status().message().find("store_url"), std::string::npos) << role;
     EXPECT_NE(parse(R"("cross_encoder_cache": true, "store_url": "redis://h")").status().message().find("store_model"),

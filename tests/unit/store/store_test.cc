@@ -28,13 +28,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TensorSpec spec(std::vector<std::int64_t> shape, DType dtype = DType::bfloat16) {
-  return TensorSpec::make(std::move(shape), dtype, std::uint64_t{1} << 34).value();
+TensorSpec spec(const std::vector<std::int64_t>& shape, DType dtype = DType::bfloat16) {
+  return TensorSpec::make(shape, dtype, std::uint64_t{1} << 34).value();
 }
 
 std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
   std::vector<std::byte> out(n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = static_cast<std::byte>((i * 131 + std::size_t{seed} * 7 + (i >> 9)) & 0xff);
   return out;
 }
 

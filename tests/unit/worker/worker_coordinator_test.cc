@@ -127,7 +127,7 @@ class ChecksumOnlyAtTheConsumerTest : public WorkerCoordinatorTest {
 };
 
 TEST_F(ChecksumOnlyAtTheConsumerTest, TheProducerHashesForTheConsumerThatVerifies) {
-  const auto item = push("verified", 64 * 1024, std::byte{0x3c});
+  const auto item = push("verified", std::uint64_t{64} * 1024, std::byte{0x3c});
   const auto counters = consumer_->shard()->counters().reservations;
   EXPECT_EQ(counters.checksum_mismatches, 0u);
   EXPECT_EQ(counters.landings_ready, 1u);
