@@ -1060,11 +1060,13 @@ void add_bench_transport_command(CLI::App& app, Runner& run) {
                   "plane (with --window 1: one message at a time, as an engine's lone item); 0: back to back")
       ->capture_default_str()
       ->check(CLI::Range(0, 1'000'000));
-  cmd->add_option("--rndv-thresh", options->rndv_text,
-                  "ECX series, mode am: payloads of at least this many bytes go rendezvous (UCX fetches them into "
-                  "their landing), smaller ones eagerly (copied out of UCX's receive buffer), as ECX's "
-                  "ucx_rndv_thresh (over shm, with --shared-sources, the consumer copies those out of the sender's "
-                  "memory); 0: UCX decides (default: ucx_rndv_thresh's, 128KiB)");
+  cmd->add_option(
+      "--rndv-thresh", options->rndv_text,
+      fmt::format("ECX series, mode am: payloads of at least this many bytes go rendezvous (UCX fetches "
+                  "them into their landing), smaller ones eagerly (copied out of UCX's receive buffer), as "
+                  "ECX's ucx_rndv_thresh (over shm, with --shared-sources, the consumer copies those out of "
+                  "the sender's memory); 0: UCX decides (default: ucx_rndv_thresh's, {})",
+                  byte_size_label(options->rndv_threshold)));
   auto* hold = cmd->add_flag("--hold", options->hold,
                              "print 'holding' after the UCX series' warm-up and send the measured messages only on "
                              "SIGUSR1 (internal: ecx bench e2e)");
