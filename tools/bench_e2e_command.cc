@@ -283,6 +283,10 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
     const std::string phase = e2e.value("phase", std::string());
     double ecx = 0;
     double simulator = 0;
+    // The busiest single thread of the two processes (an engine thread with its
+    // simulator's share: one thread either way), and where it runs.
+    double busiest = 0;
+    std::string busiest_label;
     auto row = [&](const char* process, const std::string& label, double us, bool is_sim,
                    std::optional<double> sleeps) {
       (is_sim ? simulator : ecx) += us;
@@ -306,6 +310,10 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
       std::optional<double> engine_sleeps;
       for (const auto& [name, value] : e2e[cpu_key].items()) {
         const double us = value.get<double>();
+        if (us > busiest) {
+          busiest = us;
+          busiest_label = fmt::format("{} {}", process, thread_label(name));
+        }
         if (sim::is_engine_thread(name)) {
           engine_us += us;
           if (const auto n = sleeps_of(name)) engine_sleeps = engine_sleeps.value_or(0.0) + *n;
@@ -326,6 +334,10 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
       total_row("both", fmt::format("items/s {} CPUs allow at this cost", cpus),
                 fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / all));
     }
+    if (busiest > 0 && many) {
+      total_row("both", fmt::format("busiest: {}", busiest_label), fmt::format("{:.1f}", busiest));
+      total_row("both", "items/s a CPU per thread allows", fmt::format("{:.0f}", 1e6 / busiest));
+    }
     // The raw data plane's own cost per message, same round: sender and receiver.
     if (k < raws.size() && raws[k].is_object() && raws[k].contains("cpu_us_per_item")) {
       const json& r = raws[k];
@@ -343,6 +355,16 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
       if (raw > 0 && many) {
         total_row("raw", fmt::format("items/s {} CPUs allow at this cost", cpus),
                   fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / raw));
+      }
+      const double raw_busiest = r.value("busiest_thread_us_per_item", 0.0);
+      if (raw_busiest > 0 && many) {
+        // "sender ecx-ucx" -> "sender UCX progress"
+        const std::string where = r.value("busiest_thread", std::string());
+        const auto space = where.find(' ');
+        const std::string label =
+            space == std::string::npos ? where : where.substr(0, space) + " " + thread_label(where.substr(space + 1));
+        total_row("raw", fmt::format("busiest: {}", label), fmt::format("{:.1f}", raw_busiest));
+        total_row("raw", "items/s a CPU per thread allows", fmt::format("{:.0f}", 1e6 / raw_busiest));
       }
     }
   }
@@ -694,6 +716,10 @@ class RawRun {
     if (s.contains("delivery_p50_us")) out["p50_us"] = s["delivery_p50_us"];
     if (s.contains("delivery_p99_us")) out["p99_us"] = s["delivery_p99_us"];
     if (s.contains("cpu_us_per_message")) out["cpu_us_per_item"] = s["cpu_us_per_message"];
+    if (s.contains("busiest_thread_us_per_message")) {
+      out["busiest_thread_us_per_item"] = s["busiest_thread_us_per_message"];
+      out["busiest_thread"] = s.value("busiest_thread", std::string());
+    }
     for (const char* key :
          {"sleeps_per_message", "receiver_progress_sleeps_per_message", "sender_progress_sleeps_per_message"}) {
       if (s.contains(key)) out[key] = s[key];

@@ -250,6 +250,10 @@ struct Series {
   // measured sends, the receiver's from its first measured landing): what the raw data
   // plane costs the machine per item, for `ecx bench e2e`'s CPU table.
   std::optional<double> cpu_us_per_message;
+  // The busiest single thread of either process, per measured message: the rate a host
+  // with a CPU for every thread would be bound by (ecx bench e2e sets ECX's against it).
+  std::optional<double> busiest_thread_us_per_message;
+  std::string busiest_thread;  // "sender" or "receiver", then the thread's name
   // The same threads' sleeps per message (sim::ThreadCpu::sleeps_since), and those of
   // each side's UCX progress thread alone.
   std::optional<double> sleeps_per_message;
@@ -269,6 +273,15 @@ std::uint64_t sum_over_threads(const std::map<std::string, std::uint64_t>& by_th
   std::uint64_t total = 0;
   for (const auto& [name, ns] : by_thread) total += ns;
   return total;
+}
+
+// The busiest thread: its name and figure (0 where none ran).
+std::pair<std::string, std::uint64_t> busiest_thread_of(const std::map<std::string, std::uint64_t>& by_thread) {
+  std::pair<std::string, std::uint64_t> most{"-", 0};
+  for (const auto& [name, ns] : by_thread) {
+    if (ns > most.second) most = {name, ns};
+  }
+  return most;
 }
 
 // The UCX progress thread's figure (0 where it did not run).
@@ -388,11 +401,14 @@ int run_consumer(const BenchOptions& options) {
   const auto stats = transport->stats();
   std::lock_guard lock(mutex);
   const auto cpu_to = sim::ThreadCpu::now();
-  const std::uint64_t cpu_ns = cpu_from ? sum_over_threads(cpu_to.used_since(*cpu_from)) : 0;
+  const auto used = cpu_from ? cpu_to.used_since(*cpu_from) : std::map<std::string, std::uint64_t>{};
   const auto sleeps = cpu_from ? cpu_to.sleeps_since(*cpu_from) : std::map<std::string, std::uint64_t>{};
   std::cout << "landed " << stats.landings_ok << " failed " << stats.landings_failed << " delivery_us "
-            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << " cpu_ns " << cpu_ns << " sleeps "
-            << sum_over_threads(sleeps) << " " << progress_thread_of(sleeps) << std::endl;
+            << percentile(delivery_us, 50) << " " << percentile(delivery_us, 99) << " cpu_ns " << sum_over_threads(used)
+            << " sleeps " << sum_over_threads(sleeps) << " " << progress_thread_of(sleeps);
+  // Thread names carry no spaces (sim::ThreadCpu reads them from /proc, 15 characters).
+  const auto [busiest_name, busiest_ns] = busiest_thread_of(used);
+  std::cout << " busiest_ns " << busiest_ns << " " << busiest_name << std::endl;
   return 0;
 }
 
@@ -519,7 +535,8 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   const auto end = Clock::now();
   const double seconds = std::chrono::duration<double>(end - begin).count();
   const auto cpu_to = sim::ThreadCpu::now();
-  const std::uint64_t sender_cpu_ns = sum_over_threads(cpu_to.used_since(cpu_from));
+  const auto sender_used = cpu_to.used_since(cpu_from);
+  const std::uint64_t sender_cpu_ns = sum_over_threads(sender_used);
   const auto sender_sleeps = cpu_to.sleeps_since(cpu_from);
   // A payload the consumer could not place would still count as sent here: check.
   consumer.write_line(fmt::format("quit {}", warmup + count));
@@ -537,8 +554,11 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   std::string sleeps_word;
   std::uint64_t receiver_sleeps = 0;
   std::uint64_t receiver_progress_sleeps = 0;
+  std::string busiest_word;
+  std::uint64_t receiver_busiest_ns = 0;
+  std::string receiver_busiest_name;
   delivery >> delivery_p50 >> delivery_p99 >> cpu_word >> receiver_cpu_ns >> sleeps_word >> receiver_sleeps >>
-      receiver_progress_sleeps;
+      receiver_progress_sleeps >> busiest_word >> receiver_busiest_ns >> receiver_busiest_name;
   Series series;
   series.name = "ecx";
   series.transport = data_link_name(ucx_link(options));
@@ -553,6 +573,13 @@ Result<Series> run_ecx(const BenchOptions& options, std::uint64_t size, std::uin
   series.delivery_p99_us = delivery_p99;
   if (cpu_word == "cpu_ns" && receiver_cpu_ns > 0 && count > 0) {
     series.cpu_us_per_message = static_cast<double>(sender_cpu_ns + receiver_cpu_ns) / 1e3 / static_cast<double>(count);
+  }
+  if (busiest_word == "busiest_ns" && receiver_busiest_ns > 0 && count > 0) {
+    const auto [sender_name, sender_ns] = busiest_thread_of(sender_used);
+    const bool sender_busier = sender_ns > receiver_busiest_ns;
+    series.busiest_thread = sender_busier ? "sender " + sender_name : "receiver " + receiver_busiest_name;
+    series.busiest_thread_us_per_message =
+        static_cast<double>(sender_busier ? sender_ns : receiver_busiest_ns) / 1e3 / static_cast<double>(count);
   }
   if (sleeps_word == "sleeps" && count > 0) {
     const auto per_message = [count](std::uint64_t n) { return static_cast<double>(n) / static_cast<double>(count); };
@@ -779,6 +806,10 @@ nlohmann::json to_json(const Series& s) {
   if (s.ratio_vs_perftest) j["ratio_vs_ucx_perftest"] = *s.ratio_vs_perftest;
   if (s.ratio_vs_perftest_same_mode) j["ratio_vs_ucx_perftest_same_mode"] = *s.ratio_vs_perftest_same_mode;
   if (s.cpu_us_per_message) j["cpu_us_per_message"] = *s.cpu_us_per_message;
+  if (s.busiest_thread_us_per_message) {
+    j["busiest_thread_us_per_message"] = *s.busiest_thread_us_per_message;
+    j["busiest_thread"] = s.busiest_thread;
+  }
   if (s.measured_from_s) j["measured_from_s"] = *s.measured_from_s;
   if (s.measured_to_s) j["measured_to_s"] = *s.measured_to_s;
   if (s.sleeps_per_message) j["sleeps_per_message"] = *s.sleeps_per_message;

@@ -196,6 +196,20 @@ TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
                                                                                          << second.dump();
     }
   }
+  // The raw plane's busiest thread (of its two processes): what a host with a CPU for
+  // every thread would be bound by, set beside ECX's in the CPU table.
+  for (const auto& row : series) {
+    if (row.value("series", "") != "transport_raw" || row.value("phase", "") != "throughput") continue;
+    SCOPED_TRACE(row.dump());
+    const double busiest = row.value("busiest_thread_us_per_item", 0.0);
+    EXPECT_GT(busiest, 0.0);
+    EXPECT_LE(busiest, row.value("cpu_us_per_item", 0.0));
+    const std::string where = row.value("busiest_thread", std::string());
+    EXPECT_TRUE(where.starts_with("sender ") || where.starts_with("receiver ")) << where;
+  }
+  const auto first_bound = output.find("items/s a CPU per thread allows");
+  ASSERT_NE(first_bound, std::string::npos) << output;  // ECX's row, then the raw plane's
+  EXPECT_NE(output.find("items/s a CPU per thread allows", first_bound + 1), std::string::npos) << output;
   EXPECT_NE(output.find("round 1 of 2 (ECX first)"), std::string::npos) << output;
   EXPECT_NE(output.find("round 2 of 2 (the raw plane first)"), std::string::npos) << output;
 }

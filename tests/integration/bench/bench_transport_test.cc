@@ -90,6 +90,10 @@ TEST(BenchTransport, MovesEveryMessageWithAndWithoutSpread) {
   EXPECT_GT(ecx_gbps(warm), 0.0) << warm.output;
   // Both processes' CPU per message (what `ecx bench e2e` sets ECX's cost against).
   EXPECT_GT(ecx_figure(warm, "cpu_us_per_message"), 0.0) << warm.series.dump();
+  // And its busiest single thread's, which cannot exceed both processes' together.
+  EXPECT_GT(ecx_figure(warm, "busiest_thread_us_per_message"), 0.0) << warm.series.dump();
+  EXPECT_LE(ecx_figure(warm, "busiest_thread_us_per_message"), ecx_figure(warm, "cpu_us_per_message"))
+      << warm.series.dump();
   const BenchRun spread = bench_transport("spread", {"--spread", "4MiB"});
   EXPECT_EQ(spread.exit_code, 0) << spread.output;
   EXPECT_GT(ecx_gbps(spread), 0.0) << spread.output;
