@@ -265,6 +265,28 @@ std::string sleeps_text(std::optional<double> sleeps) {
   return sleeps ? fmt::format("{:.2f}", *sleeps) : std::string("-");
 }
 
+// The busiest single thread of ECX's two processes in a phase's row, as "<process>
+// <thread name>" and its CPU per item: what a host with a CPU for every thread would be
+// bound by. An engine thread counts with its simulator's share (one thread either way).
+std::optional<std::pair<std::string, double>> busiest_ecx_thread(const json& e2e) {
+  std::optional<std::pair<std::string, double>> busiest;
+  for (const auto& [process, key] :
+       {std::pair{"consumer", "cpu_us_per_item"}, std::pair{"producer", "producer_cpu_us_per_item"}}) {
+    if (!e2e.contains(key)) continue;
+    for (const auto& [name, value] : e2e[key].items()) {
+      const double us = value.get<double>();
+      if (!busiest || us > busiest->second) busiest = std::pair{fmt::format("{} {}", process, name), us};
+    }
+  }
+  return busiest;
+}
+
+// "producer ecx-ucx" -> "producer UCX progress".
+std::string busiest_label(const std::string& where) {
+  const auto space = where.find(' ');
+  return space == std::string::npos ? where : where.substr(0, space) + " " + thread_label(where.substr(space + 1));
+}
+
 // One phase's CPU per item, thread by thread, then ECX's, the simulated engine's and
 // both: the machine's cost of an item, and the rate this host's CPUs allow at it.
 void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& raws) {
@@ -283,10 +305,6 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
     const std::string phase = e2e.value("phase", std::string());
     double ecx = 0;
     double simulator = 0;
-    // The busiest single thread of the two processes (an engine thread with its
-    // simulator's share: one thread either way), and where it runs.
-    double busiest = 0;
-    std::string busiest_label;
     auto row = [&](const char* process, const std::string& label, double us, bool is_sim,
                    std::optional<double> sleeps) {
       (is_sim ? simulator : ecx) += us;
@@ -310,10 +328,6 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
       std::optional<double> engine_sleeps;
       for (const auto& [name, value] : e2e[cpu_key].items()) {
         const double us = value.get<double>();
-        if (us > busiest) {
-          busiest = us;
-          busiest_label = fmt::format("{} {}", process, thread_label(name));
-        }
         if (sim::is_engine_thread(name)) {
           engine_us += us;
           if (const auto n = sleeps_of(name)) engine_sleeps = engine_sleeps.value_or(0.0) + *n;
@@ -334,8 +348,10 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
       total_row("both", fmt::format("items/s {} CPUs allow at this cost", cpus),
                 fmt::format("{:.0f}", static_cast<double>(cpus) * 1e6 / all));
     }
+    const double busiest = e2e.value("busiest_thread_us_per_item", 0.0);
     if (busiest > 0 && many) {
-      total_row("both", fmt::format("busiest: {}", busiest_label), fmt::format("{:.1f}", busiest));
+      total_row("both", fmt::format("busiest: {}", busiest_label(e2e.value("busiest_thread", std::string()))),
+                fmt::format("{:.1f}", busiest));
       total_row("both", "items/s a CPU per thread allows", fmt::format("{:.0f}", 1e6 / busiest));
     }
     // The raw data plane's own cost per message, same round: sender and receiver.
@@ -358,12 +374,8 @@ void print_cpu_table(const std::vector<json>& phases, const std::vector<json>& r
       }
       const double raw_busiest = r.value("busiest_thread_us_per_item", 0.0);
       if (raw_busiest > 0 && many) {
-        // "sender ecx-ucx" -> "sender UCX progress"
-        const std::string where = r.value("busiest_thread", std::string());
-        const auto space = where.find(' ');
-        const std::string label =
-            space == std::string::npos ? where : where.substr(0, space) + " " + thread_label(where.substr(space + 1));
-        total_row("raw", fmt::format("busiest: {}", label), fmt::format("{:.1f}", raw_busiest));
+        total_row("raw", fmt::format("busiest: {}", busiest_label(r.value("busiest_thread", std::string()))),
+                  fmt::format("{:.1f}", raw_busiest));
         total_row("raw", "items/s a CPU per thread allows", fmt::format("{:.0f}", 1e6 / raw_busiest));
       }
     }
@@ -940,6 +952,10 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
       e2e["producer_cpu_items"] = produced[k].value("cpu_items", std::uint64_t{0});
       if (produced[k].contains("stages")) e2e["stages"].update(produced[k]["stages"]);
     }
+    if (const auto busiest = busiest_ecx_thread(e2e)) {
+      e2e["busiest_thread"] = busiest->first;
+      e2e["busiest_thread_us_per_item"] = busiest->second;
+    }
     const json* raw = round.raws[k].is_null() ? nullptr : &round.raws[k];
     if (o.baseline && raw == nullptr) round.ok = false;
     if (raw) {
@@ -947,6 +963,11 @@ Result<Round> run_round(const E2eOptions& o, const std::vector<Phase>& phases, b
       // plane's gap), so their GB/s say little: the lone ratio below compares them.
       if (phases[k].window != 1) {
         e2e["ratio_vs_transport_gbps"] = e2e.value("gbps", 0.0) / std::max(raw->value("gbps", 0.0), 1e-12);
+        // With a CPU per thread each plane would run at its busiest thread's pace: the
+        // ratio of those rates (a projection; docs/operations.md, "Where the CPU goes").
+        const double ecx_busiest = e2e.value("busiest_thread_us_per_item", 0.0);
+        const double raw_busiest = raw->value("busiest_thread_us_per_item", 0.0);
+        if (ecx_busiest > 0 && raw_busiest > 0) e2e["busiest_thread_ratio_vs_transport"] = raw_busiest / ecx_busiest;
       }
       if (raw->contains("p50_us")) {
         e2e["added_p50_us"] = e2e.value("p50_us", 0.0) - raw->value("p50_us", 0.0);
@@ -1009,6 +1030,21 @@ void print_round_summary(const std::vector<Phase>& phases, const std::vector<Rou
                      lone ? std::string("-") : median(per_s, 0), median(ecx, lone ? 0 : 2), median(raw, lone ? 0 : 2),
                      lone ? "us" : "GB/s", median(ratio, 2), ratio.empty() ? "-" : fmt::format("{:.2f}", *lo),
                      ratio.empty() ? "-" : fmt::format("{:.2f}", *hi), lone ? median(added, 0) : std::string("-")});
+  }
+  // The projection for a host with a CPU per thread, where the raw plane was measured.
+  for (std::size_t k = 0; k < phases.size(); ++k) {
+    std::vector<double> projected;
+    for (const auto& round : rounds) {
+      if (k < round.phases.size() && round.phases[k].contains("busiest_thread_ratio_vs_transport")) {
+        projected.push_back(round.phases[k].value("busiest_thread_ratio_vs_transport", 0.0));
+      }
+    }
+    if (projected.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(projected.begin(), projected.end());
+    std::cout << fmt::format(
+        "{} {}: with a CPU per thread (a projection: each plane at its busiest thread's rate), ECX over the raw "
+        "plane {:.2f} (median; {:.2f}-{:.2f})\n",
+        byte_size_label(phases[k].size), phases[k].name, sim::percentile(projected, 50), *lo, *hi);
   }
 }
 

@@ -207,6 +207,17 @@ TEST(BenchE2e, RoundsAlternateWhichSideRunsFirst) {
     const std::string where = row.value("busiest_thread", std::string());
     EXPECT_TRUE(where.starts_with("sender ") || where.starts_with("receiver ")) << where;
   }
+  // ECX's busiest thread, of its two processes, and the ratio of the two planes' rates
+  // at their busiest threads' pace, summarised over the rounds.
+  for (const auto& row : series) {
+    if (row.value("series", "") != "ecx_e2e" || row.value("phase", "") != "throughput") continue;
+    SCOPED_TRACE(row.dump());
+    const std::string where = row.value("busiest_thread", std::string());
+    EXPECT_TRUE(where.starts_with("consumer ") || where.starts_with("producer ")) << where;
+    EXPECT_GT(row.value("busiest_thread_us_per_item", 0.0), 0.0);
+    EXPECT_GT(row.value("busiest_thread_ratio_vs_transport", 0.0), 0.0);
+  }
+  EXPECT_NE(output.find("64 KiB throughput: with a CPU per thread"), std::string::npos) << output;
   const auto first_bound = output.find("items/s a CPU per thread allows");
   ASSERT_NE(first_bound, std::string::npos) << output;  // ECX's row, then the raw plane's
   EXPECT_NE(output.find("items/s a CPU per thread allows", first_bound + 1), std::string::npos) << output;
